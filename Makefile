@@ -1,0 +1,54 @@
+# minidist: `make lab` to learn, `make test` to prove every lab works.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-test
+# The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
+TORCH  ?= torch==2.13.0
+
+.PHONY: help venv lab test test-fast bench labs labs-check lint clean
+
+help:
+	@echo "make lab        create .venv, install minidist, open JupyterLab on labs/"
+	@echo "make test       create/refresh .venv and run every test, nbval over solutions/ included"
+	@echo "make bench      benchmarks (collectives vs MPICH, autograd vs PyTorch, estimator calibration)"
+	@echo "make labs       regenerate labs/ from solutions/"
+	@echo "make labs-check fail if labs/ is out of date with solutions/"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab labs/
+
+lint: $(STAMP)
+	$(BIN)/ruff check minidist tests
+
+labs: $(STAMP)
+	$(BIN)/python -m minidist.labs.build
+
+labs-check: $(STAMP)
+	$(BIN)/python -m minidist.labs.build --check
+
+test: $(STAMP) lint labs-check
+	$(BIN)/python -m pytest -q tests
+	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
+	  $(BIN)/python -m pytest -q --nbval --nbval-current-env --durations=0 solutions/; \
+	else echo "(no solution notebooks yet)"; fi
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x tests
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	@if [ -n "$(TORCH)" ]; then $(BIN)/python -c "import torch" 2>/dev/null || \
+	  $(BIN)/python -m pip install -q "$(TORCH)" || echo "(torch not installed: PyTorch ratios are skipped)"; fi
+	$(BIN)/python -m tests.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

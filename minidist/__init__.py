@@ -1,0 +1,16 @@
+"""minidist: distributed training derived from its algebra, run on simulated devices.
+
+Layers import downward only: autograd <- runtime <- cost/hardware <- parallel <- estimate <- viz.
+Each section below is filled by the layer that owns it.
+"""
+
+__version__ = "0.1.0"
+
+# --- autograd, nn, optim, data (foundation) ---
+
+# --- runtime, collectives, hardware ---
+
+# --- estimate ---
+
+# --- labs ---
+from minidist import labs  # noqa: E402,F401

@@ -1,0 +1,1 @@
+"""Checks the lab notebooks call on the learner's code (``md.labs.check_*``), and the lab builder."""
