@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): each ``bench_*.py`` here has a ``main()`` that prints its numbers."""
