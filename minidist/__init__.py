@@ -7,6 +7,10 @@ Each section below is filled by the layer that owns it.
 __version__ = "0.1.0"
 
 # --- autograd, nn, optim, data (foundation) ---
+from minidist import autograd  # noqa: E402,F401
+from minidist.autograd import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402,F401
+
+# isort: split
 
 # --- runtime, collectives, hardware ---
 

@@ -1,0 +1,483 @@
+"""Primitive operations and their local derivatives, attached to ``Tensor`` at import.
+
+Each op computes its forward with numpy, reports its cost (FLOPs and bytes read + written) to
+``cost.charge`` when a hook is installed, and, if the result must be recorded, returns a tensor
+whose ``_backward`` closure maps the output gradient to one gradient per parent. Closures keep
+only what they need, never modify the incoming gradient in place, and sum broadcast dimensions
+back with ``unbroadcast`` (one reduction).
+
+FLOP convention: 1 per element for arithmetic, ``TRANSCENDENTAL`` (4) per element for exp, log,
+tanh, sqrt and friends, ``2*m*n*k`` for a matrix product (one multiply and one add per term).
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from minidist.autograd import cost as _cost
+from minidist.autograd import grad_mode as _gm
+from minidist.autograd.engine import Partial
+from minidist.autograd.tensor import Tensor, _const, _new, broadcast_error, operands, unbroadcast
+
+TRANSCENDENTAL = 4
+
+
+def _nb(x: Any) -> int:
+    return x.nbytes if x.__class__ is np.ndarray else 8
+
+
+def _dtype_of(*xs: Any) -> np.dtype:
+    for x in xs:
+        if x.__class__ is np.ndarray:
+            return x.dtype
+    return np.dtype(np.float64)
+
+
+def _rec(xt: Tensor | None, yt: Tensor | None = None) -> bool:
+    return _gm._enabled and ((xt is not None and xt.requires_grad) or (yt is not None and yt.requires_grad))
+
+
+# ---------------------------------------------------------------------------- binary elementwise
+def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops_bwd: int = 2) -> Callable:
+    """Build a broadcasting binary op from its forward and ``grads(g, x, y, out, need_x, need_y)``."""
+
+    def op(x: Any, y: Any) -> Tensor:
+        xt, xd, yt, yd = operands(name, x, y)
+        try:
+            out = fwd(xd, yd)
+        except ValueError:
+            raise broadcast_error(name, xd, yd) from None
+        if _cost._hook is not None:
+            _cost.charge(name, flops_fwd * out.size, _nb(xd) + _nb(yd) + out.nbytes, out.dtype)
+        if not _rec(xt, yt):
+            return _const(out)
+        need_x = xt is not None and xt.requires_grad
+        need_y = yt is not None and yt.requires_grad
+        xs, ys = np.shape(xd), np.shape(yd)
+
+        def backward(g):
+            if _cost._hook is not None:
+                _cost.charge(name + ".backward", flops_bwd * g.size * (need_x + need_y),
+                             g.nbytes * (1 + need_x + need_y) + _nb(xd) + _nb(yd), g.dtype)
+            gx, gy = grads(g, xd, yd, out, need_x, need_y)
+            gx = unbroadcast(gx, xs) if need_x else None
+            gy = unbroadcast(gy, ys) if need_y else None
+            if xt is None:
+                return (gy,)
+            if yt is None:
+                return (gx,)
+            return gx, gy
+
+        parents = (xt,) if yt is None else (yt,) if xt is None else (xt, yt)
+        return _new(out, parents, backward, name)
+
+    op.__name__ = name
+    return op
+
+
+add = _binary("add", np.add, lambda g, x, y, o, nx, ny: (g, g), flops_bwd=0)
+sub = _binary("sub", np.subtract, lambda g, x, y, o, nx, ny: (g, -g if ny else None), flops_bwd=1)
+mul = _binary("mul", np.multiply, lambda g, x, y, o, nx, ny: (g * y if nx else None, g * x if ny else None),
+              flops_bwd=1)
+div = _binary("div", np.true_divide,
+              lambda g, x, y, o, nx, ny: (g / y if nx else None, -g * o / y if ny else None))
+
+
+def _pow_grads(g, x, y, o, nx, ny):
+    gx = gy = None
+    if nx:
+        if y.__class__ is not np.ndarray and y == 2:
+            gx = g * (2 * x)
+        else:
+            gx = g * (y * (x ** (y - 1)))
+    if ny:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gy = g * o * np.log(np.where(x > 0, x, 1))
+    return gx, gy
+
+
+pow = _binary("pow", np.power, _pow_grads, flops_fwd=TRANSCENDENTAL, flops_bwd=TRANSCENDENTAL + 2)
+
+
+def _cmp(name: str, fn: Callable) -> Callable:
+    def op(x: Any, y: Any) -> Tensor:
+        xt, xd, yt, yd = operands(name, x, y)
+        try:
+            return _const(fn(xd, yd))
+        except ValueError:
+            raise broadcast_error(name, xd, yd) from None
+
+    op.__name__ = name
+    return op
+
+
+lt, le, gt, ge = _cmp("lt", np.less), _cmp("le", np.less_equal), _cmp("gt", np.greater), _cmp("ge", np.greater_equal)
+eq, ne = _cmp("eq", np.equal), _cmp("ne", np.not_equal)
+
+
+# ---------------------------------------------------------------------------- unary elementwise
+def _unary(name: str, fwd: Callable, grad: Callable, flops: int = 1, flops_bwd: int = 2) -> Callable:
+    """Build ``op(x)`` from its forward and ``grad(g, x, out)`` (the local derivative times g)."""
+
+    def op(x: Tensor) -> Tensor:
+        xd = x.data
+        out = fwd(xd)
+        if _cost._hook is not None:
+            _cost.charge(name, flops * out.size, xd.nbytes + out.nbytes, out.dtype)
+        if not (_gm._enabled and x.requires_grad):
+            return _const(out)
+
+        def backward(g):
+            if _cost._hook is not None:
+                _cost.charge(name + ".backward", flops_bwd * g.size, 3 * g.nbytes, g.dtype)
+            return (grad(g, xd, out),)
+
+        return _new(out, (x,), backward, name)
+
+    op.__name__ = name
+    return op
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # exp of -|x| never overflows; this picks the stable branch per element
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+neg = _unary("neg", np.negative, lambda g, x, o: -g, flops_bwd=1)
+exp = _unary("exp", np.exp, lambda g, x, o: g * o, TRANSCENDENTAL, 1)
+log = _unary("log", np.log, lambda g, x, o: g / x, TRANSCENDENTAL, 1)
+sqrt = _unary("sqrt", np.sqrt, lambda g, x, o: g * (0.5 / o), TRANSCENDENTAL, 2)
+tanh = _unary("tanh", np.tanh, lambda g, x, o: g * (1 - o * o), TRANSCENDENTAL, 3)
+sigmoid = _unary("sigmoid", _sigmoid, lambda g, x, o: g * (o * (1 - o)), TRANSCENDENTAL, 3)
+relu = _unary("relu", lambda x: np.maximum(x, 0), lambda g, x, o: g * (x > 0), 1, 1)
+abs = _unary("abs", np.abs, lambda g, x, o: g * np.sign(x), 1, 2)
+
+
+def clip(x: Tensor, min: float | None = None, max: float | None = None) -> Tensor:
+    """Clamp to [min, max]; the gradient passes where the input was inside the range."""
+    lo = -np.inf if min is None else min
+    hi = np.inf if max is None else max
+    op = _unary("clip", lambda d: np.clip(d, min, max), lambda g, d, o: g * ((d >= lo) & (d <= hi)))
+    return op(x)
+
+
+def astype(x: Tensor, dtype: Any) -> Tensor:
+    """Differentiable cast: the gradient is cast back to the input's dtype (mixed precision)."""
+    dtype = np.dtype(dtype)
+    if x.data.dtype == dtype:
+        return x
+    src = x.data.dtype
+    out = x.data.astype(dtype)
+    if _cost._hook is not None:
+        _cost.charge("astype", out.size, x.data.nbytes + out.nbytes, dtype)
+    if not (_gm._enabled and x.requires_grad) or dtype.kind != "f":
+        return _const(out)
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("astype.backward", g.size, g.nbytes + g.size * src.itemsize, src)
+        return (g.astype(src),)
+
+    return _new(out, (x,), backward, "astype")
+
+
+# ---------------------------------------------------------------------------- matmul
+def matmul(x: Any, y: Any) -> Tensor:
+    """Batched matrix product with numpy's rules (1-D operands are promoted, batch dims broadcast)."""
+    xt, xd, yt, yd = operands("matmul", x, y)
+    xd, yd = np.asarray(xd), np.asarray(yd)
+    if xd.ndim == 0 or yd.ndim == 0:
+        raise ValueError(f"matmul: both operands need at least 1 dimension, got shapes {xd.shape} and {yd.shape}")
+    x2 = xd[None, :] if xd.ndim == 1 else xd  # promote 1-D like numpy does
+    y2 = yd[:, None] if yd.ndim == 1 else yd
+    k = x2.shape[-1]
+    if k != y2.shape[-2]:
+        raise ValueError(f"matmul: shapes {xd.shape} and {yd.shape} do not align: {k} != {y2.shape[-2]}")
+    m, n = x2.shape[-2], y2.shape[-1]
+    flat = y2.ndim == 2 and x2.ndim > 2  # (..., m, k) @ (k, n): one large GEMM beats a loop of small ones
+    try:
+        if flat:
+            out2 = (x2.reshape(-1, k) @ y2).reshape(x2.shape[:-1] + (n,))
+        else:
+            out2 = x2 @ y2
+    except ValueError:
+        raise ValueError(f"matmul: batch dimensions of shapes {xd.shape} and {yd.shape} cannot be broadcast") from None
+    out = out2
+    if xd.ndim == 1:
+        out = out[..., 0, :]
+    if yd.ndim == 1:
+        out = out[..., 0]
+    batch = out2.size // (m * n) if m * n else 0
+    if _cost._hook is not None:
+        _cost.charge("matmul", 2 * batch * m * n * k, xd.nbytes + yd.nbytes + out.nbytes, out.dtype)
+    if not _rec(xt, yt):
+        return _const(out)
+    need_x = xt is not None and xt.requires_grad
+    need_y = yt is not None and yt.requires_grad
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("matmul.backward", 2 * batch * m * n * k * (need_x + need_y),
+                         g.nbytes * (need_x + need_y) + (xd.nbytes + yd.nbytes) * 2 * (need_x or need_y), g.dtype)
+        g2 = g.reshape(out2.shape)
+        gx = gy = None
+        if need_x:
+            if flat:
+                gx = (g2.reshape(-1, n) @ y2.T).reshape(x2.shape)
+            else:
+                gx = unbroadcast(g2 @ np.swapaxes(y2, -1, -2), x2.shape)
+            gx = gx.reshape(xd.shape)
+        if need_y:
+            if flat:
+                gy = x2.reshape(-1, k).T @ g2.reshape(-1, n)
+            else:
+                gy = unbroadcast(np.swapaxes(x2, -1, -2) @ g2, y2.shape)
+            gy = gy.reshape(yd.shape)
+        if xt is None:
+            return (gy,)
+        if yt is None:
+            return (gx,)
+        return gx, gy
+
+    parents = (xt,) if yt is None else (yt,) if xt is None else (xt, yt)
+    return _new(out, parents, backward, "matmul")
+
+
+# ---------------------------------------------------------------------------- reductions
+def _axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise ValueError(f"{op}: axis {a} is out of range for a tensor with {ndim} dimensions")
+        out.append(int(a) % builtins.max(ndim, 1))
+    return tuple(out)
+
+
+def _expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool, shape: tuple[int, ...]) -> np.ndarray:
+    """Broadcast a reduced gradient back over the reduced axes (a read-only view, no copy)."""
+    if not keepdims:
+        g = np.expand_dims(g, axes) if axes else g
+    return np.broadcast_to(g, shape)
+
+
+def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    xd = x.data
+    axes = _axes(axis, xd.ndim, "sum")
+    out = np.asarray(xd.sum(axis=axes, keepdims=keepdims))
+    if _cost._hook is not None:
+        _cost.charge("sum", xd.size, xd.nbytes + out.nbytes, xd.dtype)
+    if not (_gm._enabled and x.requires_grad):
+        return _const(out)
+    shape = xd.shape
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("sum.backward", 0, g.nbytes + xd.nbytes, g.dtype)
+        return (_expand(g, axes, keepdims, shape),)
+
+    return _new(out, (x,), backward, "sum")
+
+
+def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+    xd = x.data
+    axes = _axes(axis, xd.ndim, "mean")
+    out = np.asarray(xd.mean(axis=axes, keepdims=keepdims))
+    count = int(np.prod([xd.shape[a] for a in axes])) if axes else 1
+    if _cost._hook is not None:
+        _cost.charge("mean", xd.size + out.size, xd.nbytes + out.nbytes, xd.dtype)
+    if not (_gm._enabled and x.requires_grad):
+        return _const(out)
+    shape = xd.shape
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("mean.backward", xd.size, g.nbytes + xd.nbytes, g.dtype)
+        return (_expand(g * (1.0 / count), axes, keepdims, shape).astype(xd.dtype, copy=False),)
+
+    return _new(out, (x,), backward, "mean")
+
+
+def _extreme(name: str, reduce: Callable) -> Callable:
+    def op(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
+        xd = x.data
+        axes = _axes(axis, xd.ndim, name)
+        kept = reduce(xd, axis=axes, keepdims=True)
+        out = kept if keepdims else kept.reshape([s for i, s in enumerate(xd.shape) if i not in axes])
+        if _cost._hook is not None:
+            _cost.charge(name, xd.size, xd.nbytes + out.nbytes, xd.dtype)
+        if not (_gm._enabled and x.requires_grad):
+            return _const(out)
+
+        def backward(g):
+            if _cost._hook is not None:
+                _cost.charge(name + ".backward", 3 * xd.size, 3 * xd.nbytes, g.dtype)
+            # ties share the gradient equally, so the result is a valid subgradient
+            hit = xd == kept
+            count = hit.sum(axis=axes, keepdims=True)
+            gk = g if keepdims else np.expand_dims(g, axes)
+            return (hit * (gk / count).astype(xd.dtype, copy=False),)
+
+        return _new(out, (x,), backward, name)
+
+    op.__name__ = name
+    return op
+
+
+max = _extreme("max", np.max)
+min = _extreme("min", np.min)
+
+
+def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """Variance with ``ddof`` (0 = population variance, the one LayerNorm uses)."""
+    xd = x.data
+    axes = _axes(axis, xd.ndim, "var")
+    count = int(np.prod([xd.shape[a] for a in axes])) if axes else 1
+    mu = xd.mean(axis=axes, keepdims=True)
+    dev = xd - mu
+    out = np.asarray((dev * dev).sum(axis=axes, keepdims=keepdims) / (count - ddof)).astype(xd.dtype, copy=False)
+    if _cost._hook is not None:
+        _cost.charge("var", 4 * xd.size, xd.nbytes + out.nbytes, xd.dtype)
+    if not (_gm._enabled and x.requires_grad):
+        return _const(out)
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("var.backward", 2 * xd.size, 2 * xd.nbytes, g.dtype)
+        gk = g if keepdims else np.expand_dims(g, axes)
+        return (dev * (gk * (2.0 / (count - ddof))).astype(xd.dtype, copy=False),)
+
+    return _new(out, (x,), backward, "var")
+
+
+# ---------------------------------------------------------------------------- shape ops
+def _shape_arg(shape: tuple) -> tuple:
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+
+
+def reshape(x: Tensor, *shape: Any) -> Tensor:
+    shape = _shape_arg(shape)
+    try:
+        out = x.data.reshape(shape)
+    except ValueError:
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} into shape {tuple(shape)}") from None
+    if not (_gm._enabled and x.requires_grad):
+        return _const(out)
+    src = x.data.shape
+    return _new(out, (x,), lambda g: (g.reshape(src),), "reshape")
+
+
+def transpose(x: Tensor, *axes: Any) -> Tensor:
+    """Permute axes with numpy's rule: no argument reverses them; otherwise give all of them.
+
+    (torch's ``transpose(dim0, dim1)`` is ``swapaxes`` here.)
+    """
+    axes = _shape_arg(axes)
+    nd = x.data.ndim
+    if not axes:
+        axes = tuple(range(nd - 1, -1, -1))
+    if len(axes) != nd or sorted(a % nd for a in axes) != list(range(nd)):
+        raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {nd} axes of shape {x.shape}; "
+                         f"use swapaxes(a, b) to exchange two axes")
+    out = x.data.transpose(axes)
+    if not (_gm._enabled and x.requires_grad):
+        return _const(out)
+    inverse = tuple(np.argsort([a % nd for a in axes]))
+    return _new(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
+
+
+def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
+    nd = x.data.ndim
+    perm = list(range(nd))
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(x, *perm)
+
+
+def unsqueeze(x: Tensor, axis: int) -> Tensor:
+    shape = list(x.shape)
+    shape.insert(axis % (x.ndim + 1), 1)
+    return reshape(x, *shape)
+
+
+def squeeze(x: Tensor, axis: Any = None) -> Tensor:
+    return reshape(x, *np.squeeze(np.empty(x.shape, dtype=np.bool_), axis=axis).shape)
+
+
+def flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
+    nd = x.ndim
+    s, e = start % nd, end % nd
+    shape = x.shape
+    return reshape(x, *shape[:s], int(np.prod(shape[s:e + 1])), *shape[e + 1:])
+
+
+def _index_arg(idx: Any) -> Any:
+    if isinstance(idx, Tensor):
+        return idx.data
+    if isinstance(idx, tuple):
+        return tuple(i.data if isinstance(i, Tensor) else i for i in idx)
+    return idx
+
+
+def _is_int_array(i: Any) -> bool:
+    return (isinstance(i, np.ndarray) and i.dtype.kind in "iu") or isinstance(i, list)
+
+
+def getitem(x: Tensor, idx: Any) -> Tensor:
+    """``x[idx]``: slices, ints, None, Ellipsis, integer arrays and boolean masks."""
+    idx = _index_arg(idx)
+    try:
+        out = x.data[idx]
+    except IndexError as e:
+        raise IndexError(f"getitem: {e} (tensor shape {x.shape})") from None
+    if not (_gm._enabled and x.requires_grad):
+        return _const(out)
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    repeats = builtins.any(_is_int_array(i) for i in parts)  # integer arrays may hit a row twice
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("getitem.backward", g.size, 2 * g.nbytes, g.dtype)
+        return (Partial(idx, g, add_at=repeats),)
+
+    return _new(np.asarray(out), (x,), backward, "getitem")
+
+
+
+# ---------------------------------------------------------------------------- attach to Tensor
+def _attach() -> None:
+    T = Tensor
+    T.__add__ = add
+    T.__radd__ = lambda self, other: add(other, self)
+    T.__sub__ = sub
+    T.__rsub__ = lambda self, other: sub(other, self)
+    T.__mul__ = mul
+    T.__rmul__ = lambda self, other: mul(other, self)
+    T.__truediv__ = div
+    T.__rtruediv__ = lambda self, other: div(other, self)
+    T.__pow__ = pow
+    T.__rpow__ = lambda self, other: pow(other, self)
+    T.__matmul__ = matmul
+    T.__rmatmul__ = lambda self, other: matmul(other, self)
+    T.__neg__ = neg
+    T.__lt__, T.__le__, T.__gt__, T.__ge__, T.__eq__, T.__ne__ = lt, le, gt, ge, eq, ne
+    T.__getitem__ = getitem
+    for f in (exp, log, sqrt, tanh, sigmoid, relu, abs, clip, astype, sum, mean, max, min, var,
+              reshape, transpose, swapaxes, unsqueeze, squeeze, flatten, matmul):
+        setattr(T, f.__name__, f)
+    T.view = reshape
+    T.permute = lambda self, *axes: transpose(self, *axes) if axes else _permute_error(self)
+    T.T = property(lambda self: transpose(self))
+
+
+def _permute_error(x: Tensor) -> Tensor:
+    raise ValueError(f"permute: give the new order of all {x.ndim} axes")
+
+
+_attach()
