@@ -11,6 +11,10 @@ from minidist import autograd  # noqa: E402,F401
 from minidist.autograd import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402,F401
 
 # isort: split
+from minidist import data, nn, optim  # noqa: E402,F401
+from minidist.nn import GPT, GPTConfig  # noqa: E402,F401
+
+# isort: split
 
 # --- runtime, collectives, hardware ---
 

@@ -1,0 +1,14 @@
+"""Neural-network modules on the minidist autograd: layers, attention, MLP and a GPT.
+
+Weights of a ``Linear`` are stored (in_features, out_features): ``y = x @ W + b``.
+"""
+
+from minidist.nn import functional
+from minidist.nn.attention import CausalSelfAttention, repeat_kv
+from minidist.nn.gpt import GPT, Block, GPTConfig, TiedHead
+from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, RMSNorm
+from minidist.nn.mlp import MLP
+from minidist.nn.module import Module, ModuleList, Parameter, as_rng
+
+__all__ = ["GPT", "MLP", "Block", "CausalSelfAttention", "Dropout", "Embedding", "GPTConfig", "LayerNorm", "Linear",
+           "Module", "ModuleList", "Parameter", "RMSNorm", "TiedHead", "as_rng", "functional", "repeat_kv"]

@@ -1,0 +1,64 @@
+"""Causal self-attention with grouped-query heads (GQA).
+
+``n_heads`` query heads share ``n_kv_heads`` key/value heads: query head h reads kv head
+``h // (n_heads // n_kv_heads)``. ``n_kv_heads == n_heads`` is ordinary multi-head attention,
+``n_kv_heads == 1`` is multi-query attention. Fewer kv heads shrink the KV cache and the wk/wv
+matrices by n_heads / n_kv_heads (book ch. 31a).
+
+The four projections are separate Linears (wq, wk, wv, wo) whose columns are grouped by head, so
+tensor parallelism (lab 09) can hand each rank whole heads: a contiguous block of columns of wq,
+wk, wv and the matching block of rows of wo.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.autograd import functional as F
+from minidist.nn.layers import Linear
+from minidist.nn.module import Module, as_rng
+
+
+def repeat_kv(x, n_rep: int):
+    """(B, G, T, hd) -> (B, G*n_rep, T, hd), each kv head repeated n_rep times next to itself."""
+    if n_rep == 1:
+        return x
+    B, G, T, hd = x.shape
+    x = x.reshape(B, G, 1, T, hd)
+    return F.cat([x] * n_rep, 2).reshape(B, G * n_rep, T, hd)
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, *,
+                 rng: np.random.Generator | int | None = None, init_std: float | None = None,
+                 out_std: float | None = None, dtype="float32") -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"CausalSelfAttention: n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+        rng = as_rng(rng)
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        kv_dim = n_kv_heads * self.head_dim
+        self.wq = Linear(d_model, d_model, bias, rng=rng, init_std=init_std, dtype=dtype)
+        self.wk = Linear(d_model, kv_dim, bias, rng=rng, init_std=init_std, dtype=dtype)
+        self.wv = Linear(d_model, kv_dim, bias, rng=rng, init_std=init_std, dtype=dtype)
+        self.wo = Linear(d_model, d_model, bias, rng=rng, init_std=out_std, dtype=dtype)
+
+    def forward(self, x):
+        if x.ndim != 3:
+            raise ValueError(f"CausalSelfAttention: expected input (B, T, d_model), got shape {tuple(x.shape)}")
+        B, T, _ = x.shape
+        # The head counts come from the weights, so a tensor-parallel shard with fewer heads runs unchanged.
+        hd = self.head_dim
+        q = self.wq(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
+        k = self.wk(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)  # (B, G, T, hd)
+        v = self.wv(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        n_rep = q.shape[1] // k.shape[1]
+        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        y = y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd)
+        return self.wo(y)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}"

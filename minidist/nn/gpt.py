@@ -1,0 +1,188 @@
+"""A GPT in one file: configuration, the pre-norm transformer block, and the model.
+
+``GPT(config, seed)`` draws every weight from one ``np.random.Generator(seed)`` in a fixed order,
+so every rank that builds it gets the same bytes and can keep only its shard. Weights follow
+GPT-2: normal(0, 0.02), with the two matrices that write into the residual stream (attention's
+``wo`` and the MLP's output) scaled by 1/sqrt(2 n_layers) so the residual variance does not grow
+with depth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from minidist.autograd import functional as F
+from minidist.autograd import no_grad
+from minidist.nn.attention import CausalSelfAttention
+from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, RMSNorm
+from minidist.nn.mlp import MLP
+from minidist.nn.module import Module, ModuleList
+
+_MLPS = ("gelu", "swiglu")
+_NORMS = ("layernorm", "rmsnorm")
+
+
+@dataclass
+class GPTConfig:
+    """The shape of a GPT. ``n_kv_heads`` defaults to ``n_heads`` (plain multi-head attention);
+    ``d_ff`` defaults to 4 d_model for GELU and to 8/3 d_model rounded up to a multiple of 8 for
+    SwiGLU (about the same parameter count)."""
+
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    d_ff: int | None = None
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    dropout: float = 0.0
+    bias: bool = True
+    tie_embeddings: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.n_kv_heads < 1:
+            raise ValueError(f"GPTConfig: n_kv_heads must be >= 1, got {self.n_kv_heads}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"GPTConfig: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"GPTConfig: n_heads ({self.n_heads}) must be divisible by "
+                             f"n_kv_heads ({self.n_kv_heads})")
+        if self.mlp not in _MLPS:
+            raise ValueError(f"GPTConfig: mlp must be one of {_MLPS}, got {self.mlp!r}")
+        if self.norm not in _NORMS:
+            raise ValueError(f"GPTConfig: norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model if self.mlp == "gelu" else 8 * math.ceil(8 * self.d_model / 3 / 8)
+        if self.d_ff < 1:
+            raise ValueError(f"GPTConfig: d_ff must be >= 1, got {self.d_ff}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig: dropout must lie in [0, 1), got {self.dropout}")
+        if np.dtype(self.dtype).kind != "f":
+            raise ValueError(f"GPTConfig: dtype must be a floating-point type, got {self.dtype!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def make_norm(config: GPTConfig) -> Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, dtype=config.dtype)
+    return LayerNorm(config.d_model, bias=config.bias, dtype=config.dtype)
+
+
+def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: float) -> Module:
+    """The feed-forward module of one block; the place to add other kinds (mixture of experts)."""
+    return MLP(config.d_model, config.d_ff, config.mlp, config.bias, rng=rng, init_std=std, out_std=out_std,
+               dtype=config.dtype)
+
+
+class Block(Module):
+    """Pre-norm residual block: ``x + drop(attn(ln1(x)))``, then ``x + drop(mlp(ln2(x)))``."""
+
+    def __init__(self, config: GPTConfig, rng: np.random.Generator, dropout_rng: np.random.Generator | None = None,
+                 std: float = 0.02) -> None:
+        super().__init__()
+        out_std = std / math.sqrt(2 * config.n_layers)
+        self.ln1 = make_norm(config)
+        self.attn = CausalSelfAttention(config.d_model, config.n_heads, config.n_kv_heads, config.bias,
+                                        rng=rng, init_std=std, out_std=out_std, dtype=config.dtype)
+        self.ln2 = make_norm(config)
+        self.mlp = make_ffn(config, rng, std, out_std)
+        self.drop = Dropout(config.dropout, dropout_rng)
+
+    def forward(self, x):
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class TiedHead(Module):
+    """The output projection that reuses the token embedding: ``logits = x @ wte.weight.T`` (no weights of its own)."""
+
+    def __init__(self, embedding: Embedding) -> None:
+        super().__init__()
+        object.__setattr__(self, "embedding", embedding)  # not registered: the parameter belongs to wte
+
+    def forward(self, x):
+        return x @ self.embedding.weight.T
+
+
+class GPT(Module):
+    """Token + learned position embeddings, ``n_layers`` blocks, a final norm and the vocabulary head."""
+
+    def __init__(self, config: GPTConfig, seed: int = 0, std: float = 0.02) -> None:
+        super().__init__()
+        self.config = config
+        rng = np.random.default_rng(seed)
+        # A separate stream for dropout, so turning dropout on does not change the weights.
+        self.dropout_rng = np.random.default_rng([seed, 1])
+        c = config
+        self.wte = Embedding(c.vocab_size, c.d_model, rng=rng, init_std=std, dtype=c.dtype)
+        self.wpe = Embedding(c.seq_len, c.d_model, rng=rng, init_std=std, dtype=c.dtype)
+        self.drop = Dropout(c.dropout, self.dropout_rng)
+        self.blocks = ModuleList(Block(c, rng, self.dropout_rng, std) for _ in range(c.n_layers))
+        self.ln_f = make_norm(c)
+        if c.tie_embeddings:
+            self.lm_head = TiedHead(self.wte)
+        else:
+            self.lm_head = Linear(c.d_model, c.vocab_size, bias=False, rng=rng, init_std=std, dtype=c.dtype)
+
+    def forward(self, idx, targets=None):
+        """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss)``; loss is None without targets."""
+        idx = np.asarray(getattr(idx, "data", idx))
+        if idx.ndim != 2:
+            raise ValueError(f"GPT: idx must be (batch, time), got shape {idx.shape}")
+        B, T = idx.shape
+        if T > self.config.seq_len:
+            raise ValueError(f"GPT: sequence length {T} exceeds config.seq_len={self.config.seq_len}")
+        x = self.drop(self.wte(idx) + self.wpe(np.arange(T)))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        targets = np.asarray(getattr(targets, "data", targets))
+        if targets.shape != (B, T):
+            raise ValueError(f"GPT: targets must have the shape of idx {(B, T)}, got {targets.shape}")
+        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        return logits, loss
+
+    def generate(self, idx, n: int, temperature: float = 1.0, rng: np.random.Generator | int | None = None,
+                 top_k: int | None = None) -> np.ndarray:
+        """Append ``n`` sampled tokens to each row of ``idx`` (B, T); temperature 0 picks the argmax."""
+        idx = np.array(getattr(idx, "data", idx), dtype=np.int64)
+        if idx.ndim == 1:
+            idx = idx[None]
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                for _ in range(n):
+                    logits, _ = self(idx[:, -self.config.seq_len:])
+                    last = np.asarray(logits.data[:, -1, :], dtype=np.float64)
+                    if temperature == 0:
+                        nxt = last.argmax(-1)
+                    else:
+                        last = last / temperature
+                        if top_k is not None and top_k < last.shape[-1]:
+                            kth = np.partition(last, -top_k, axis=-1)[:, -top_k][:, None]
+                            last = np.where(last < kth, -np.inf, last)
+                        p = np.exp(last - last.max(-1, keepdims=True))
+                        p /= p.sum(-1, keepdims=True)
+                        nxt = np.array([rng.choice(len(row), p=row) for row in p])
+                    idx = np.concatenate([idx, nxt[:, None]], axis=1)
+        finally:
+            self.train(was_training)
+        return idx
