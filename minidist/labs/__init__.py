@@ -1,1 +1,16 @@
-"""Checks the lab notebooks call on the learner's code (``md.labs.check_*``), and the lab builder."""
+"""Checks the lab notebooks call on the learner's code (``md.labs.check_*``), and the lab builder.
+
+Each check runs the learner's function against a reference and raises :class:`CheckFailed` with what
+went wrong and a hint; on success it prints one line.
+"""
+
+from minidist.labs.check import CheckFailed
+from minidist.labs.roofline_checks import (
+    check_accumulation_steps,
+    check_attainable,
+    check_dp_network_intensity,
+    check_matmul_intensity,
+)
+
+__all__ = ["CheckFailed", "check_accumulation_steps", "check_attainable", "check_dp_network_intensity",
+           "check_matmul_intensity"]

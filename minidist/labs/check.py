@@ -1,0 +1,54 @@
+"""What every lab check shares: a failure that explains itself, and number comparison with a hint.
+
+A check runs the learner's code against a reference and, when they disagree, raises
+:class:`CheckFailed` whose message says which input went wrong, what was expected, what came
+back, and a hint pointing at the usual mistake. On success it prints one short line, so a
+notebook shows progress without noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+
+class CheckFailed(AssertionError):
+    """The learner's answer is wrong; the message says where and hints at why."""
+
+
+def fail(what: str, expected, got, hint: str = "") -> None:
+    msg = f"{what}\n  expected: {expected!r}\n  got:      {got!r}"
+    if hint:
+        msg += f"\n  hint: {hint}"
+    raise CheckFailed(msg)
+
+
+def close(a: float, b: float, rel: float = 1e-9, abs_: float = 0.0) -> bool:
+    return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
+
+
+def check_cases(name: str, fn: Callable, cases: Iterable[tuple[tuple, float, str]], rel: float = 1e-9,
+                diagnose: Callable[[tuple, float, float], str | None] | None = None) -> None:
+    """Call ``fn(*args)`` for each ``(args, expected, hint)`` and compare with relative tolerance ``rel``.
+
+    ``diagnose(args, expected, got)`` may recognise a typical mistake and return a sharper hint.
+    """
+    n = 0
+    for args, expected, hint in cases:
+        try:
+            got = fn(*args)
+        except NotImplementedError:
+            raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
+        except Exception as e:  # the learner's code crashed: show the input and the error, not our traceback
+            raise CheckFailed(f"{name}{args} raised {type(e).__name__}: {e}\n  hint: {hint}") from e
+        if got is None or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
+            fail(f"{name}{args}: expected a number", expected, got, "did you forget to `return` the value?")
+        if not close(got, expected, rel=rel):
+            better = diagnose(args, expected, float(got)) if diagnose else None
+            fail(f"{name}{args} is wrong", expected, got, better or hint)
+        n += 1
+    passed(f"{name}: {n} cases")
+
+
+def passed(what: str) -> None:
+    print(f"ok: {what}")

@@ -1,0 +1,74 @@
+"""Checks for lab 01, the extended roofline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minidist.labs.check import check_cases, fail, passed
+
+
+def check_matmul_intensity(fn: Callable[[int, int, int, int], float]) -> None:
+    """``fn(m, n, k, b)`` must return 2mnk / (b (mk + kn + mn))."""
+
+    def ref(m, n, k, b):
+        return 2 * m * n * k / (b * (m * k + k * n + m * n))
+
+    cases = [((1024, 1024, 1024, 2), ref(1024, 1024, 1024, 2), "a square bf16 matmul: 2n^3 FLOP over 3n^2 elements"),
+             ((64, 4096, 4096, 2), ref(64, 4096, 4096, 2),
+              "non-square: count A (m x k), B (k x n) and C (m x n) once each"),
+             ((8, 8, 1, 4), ref(8, 8, 1, 4), "an outer product (k = 1): 2mn FLOP"),
+             ((1, 4096, 4096, 4), ref(1, 4096, 4096, 4), "a matrix-vector product is memory-bound"),
+             ((512, 256, 128, 4), ref(512, 256, 128, 4), "bytes_per_element multiplies every operand")]
+
+    def diagnose(args, expected, got):
+        if math.isclose(got, expected / 2, rel_tol=1e-9):
+            return "off by a factor of 2: each multiply-add is 2 FLOP"
+        if math.isclose(got, expected * args[3], rel_tol=1e-9) or math.isclose(got, expected * args[3] ** 2):
+            return "intensity is FLOP per *byte*: multiply the element counts by bytes_per_element"
+        return None
+
+    check_cases("matmul_intensity", fn, cases, diagnose=diagnose)
+
+
+def check_attainable(fn: Callable) -> None:
+    """``fn(peak, mem_bw, i_mem, net_bw=None, i_net=None)`` is the minimum of the three ceilings."""
+    peak, bw, net = 989e12, 3.35e12, 50e9
+    cases = [((peak, bw, 10.0), bw * 10.0, "left of the ridge the memory line binds: BW * I"),
+             ((peak, bw, 1e4), peak, "right of the ridge the flat peak binds"),
+             ((peak, bw, peak / bw), peak, "at the ridge both are equal"),
+             ((peak, bw, 1e4, net, 1e3), net * 1e3, "the network ceiling BW_net * I_net can bind alone"),
+             ((peak, bw, 50.0, net, 1e5), bw * 50.0, "all three: take the minimum")]
+    check_cases("attainable", fn, cases)
+    try:
+        got = fn(peak, bw, 1e4, None, None)
+    except TypeError as e:
+        fail("attainable without a network ceiling raised", peak, e, "net_bw and i_net default to None")
+    if not math.isclose(got, peak):
+        fail("attainable(peak, bw, 1e4) without a network", peak, got, "skip the network ceiling when it is None")
+
+
+def check_dp_network_intensity(fn: Callable[[float, float, int, int], float]) -> None:
+    """``fn(params, batch_tokens, gpus, bytes_per_grad)`` = (6 Psi B / P) / (2 Psi s) = 3B / (P s)."""
+
+    def ref(psi, b, p, s):
+        return (6 * psi * b / p) / (2 * psi * s)
+
+    cases = [((7e9, 1e6, 64, 2), ref(7e9, 1e6, 64, 2),
+              "book ch2 ex1: FLOPs/GPU = 6*Psi*B/P, bytes = 2*Psi*2; expect about 23,400"),
+             ((7e9, 5e5, 64, 2), ref(7e9, 5e5, 64, 2), "halving the batch halves the intensity"),
+             ((70e9, 4e6, 1024, 4), ref(70e9, 4e6, 1024, 4), "fp32 gradients: s = 4 bytes")]
+    check_cases("dp_network_intensity", fn, cases, rel=1e-9)
+
+
+def check_accumulation_steps(a, compute_ms: float, comm_ms: float) -> None:
+    """The smallest integer a with a * compute >= comm (then overlap hides the all-reduce)."""
+    want = math.ceil(comm_ms / compute_ms)
+    if a is None or int(a) != a:
+        fail("accumulation steps must be a whole number", want, a, "you cannot run half a micro-batch")
+    if a < want:
+        fail("with that many micro-batches the all-reduce is still longer than the compute", want, a,
+             "with overlap the step takes max(a * compute, comm): you need a * compute >= comm")
+    if a > want:
+        fail("that works, but it is not the smallest", want, a, "every extra micro-batch grows the batch further")
+    passed(f"accumulate {want} micro-batches: {want * compute_ms:.0f} ms of compute hides {comm_ms:.0f} ms of comm")
