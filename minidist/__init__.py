@@ -19,6 +19,9 @@ from minidist.nn import GPT, GPTConfig  # noqa: E402,F401
 # --- runtime, collectives, hardware ---
 
 # --- estimate ---
+from minidist import estimate  # noqa: E402,F401
+
+# isort: split
 
 # --- labs ---
 from minidist import labs  # noqa: E402,F401

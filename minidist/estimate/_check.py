@@ -1,0 +1,39 @@
+"""Input validation shared by the estimate modules: every error names the function and the argument."""
+
+from __future__ import annotations
+
+import math
+
+
+def nonnegative(fn: str, name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) or value < 0:
+        raise ValueError(f"{fn}: {name} must be a number >= 0, got {value!r}")
+    return value
+
+
+def positive(fn: str, name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) or value <= 0:
+        raise ValueError(f"{fn}: {name} must be a number > 0, got {value!r}")
+    return value
+
+
+def fraction(fn: str, name: str, value: float, *, open_low: bool = False) -> float:
+    """A value in [0, 1] (or (0, 1] with ``open_low``)."""
+    ok = isinstance(value, (int, float)) and not math.isnan(value) and (value > 0 if open_low else value >= 0)
+    if not ok or value > 1:
+        lo = "(0" if open_low else "[0"
+        raise ValueError(f"{fn}: {name} must be in {lo}, 1], got {value!r}")
+    return value
+
+
+def count(fn: str, name: str, value: int, minimum: int = 1) -> int:
+    """An integer >= minimum (floats equal to an integer are accepted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        raise ValueError(f"{fn}: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def choice(fn: str, name: str, value, options) -> object:
+    if value not in options:
+        raise ValueError(f"{fn}: unknown {name} {value!r}; expected one of {sorted(map(str, options))}")
+    return value

@@ -1,0 +1,201 @@
+"""Step time, memory and MFU of one parallel layout: the analytic performance model (book ch6, ch24-27;
+labs 15-18, 25).
+
+Property: a training step is a pipeline of identical micro-batch steps, so its time is a sum of
+terms that each come from an earlier chapter: GEMM FLOPs at a calibrated efficiency plus a
+bandwidth-bound overhead (roofline), TP/CP/EP/PP messages (alpha-beta on the link the group spans),
+the pipeline bubble, and the DP gradient reduction (hierarchical all-reduce) minus what overlaps.
+
+Model, for the slowest (last) pipeline stage and one micro-batch of b sequences (tokens t = b s / cp):
+- FLOPs per layer forward = 2 (active layer weights) t + 4 b (s/cp) s h (attention, non-causal as in
+  Megatron's count), / tp; passes: forward 1 + backward 2 (+1 full recompute; selective recompute and
+  FlashAttention replay only the attention core, and neither stores the s x s scores). The logits
+  (2 t h V / tp per pass, never recomputed) sit on the last stage.
+- compute time = FLOPs / (peak x gemm) + passes x overhead_bytes x (t h / tp) x layers / hbm_bw. The
+  second term is everything that is not a large GEMM (norms, activations, softmax, launches), modelled
+  as HBM traffic proportional to the activation size; it is why small hidden sizes run at low MFU.
+  ``gemm`` and ``overhead_bytes`` are the two calibrated constants (see calibration.py).
+- TP: 4 all-reduces of t h 2 bytes per layer (6 with full recompute), ring on NVLink, exposed.
+- CP: ring attention passes K,V chunks (cp - 1) times forward and twice that backward; hidden behind
+  the attention compute when shorter. EP: 4 all-to-alls of t k h 2 bytes per MoE layer (6 with full
+  recompute), exposed. PP: an activation (t h 2 / tp bytes) forward and a gradient back per
+  micro-batch and virtual stage, exposed.
+- Pipeline: m t_mb of work spread over busy / (1 - bubble) (``pipeline_bubble``).
+- DP: gradients of the local weights (2 bytes each) reduced with the two-level all-reduce over the
+  dp x cp group (x 1.5 for ZeRO-3), a fraction ``dp_overlap`` hidden behind the backward pass; then a
+  memory-bound optimizer step (36 bytes of HBM traffic per local sharded weight).
+Memory per GPU: weights / grads / optimizer by ZeRO stage over dp x cp, activations (Korthikanti) x
+micro-batches in flight (dense coefficients, also for MoE models), buffers (fp32 logits and their
+gradient; ZeRO-3's gathered layer x 2). MFU is the book's 6 Psi tokens / (time P F) with Psi the
+active weights; ``tflops_per_gpu`` adds the attention FLOPs. Rank order is tp (innermost), cp, dp
+(ep borrows dp), pp (outermost), so tp stays inside a node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from minidist.estimate.clusters import ClusterSpec
+from minidist.estimate.comm import collective_time, hierarchical_all_reduce_time
+from minidist.estimate.memory import activation_bytes, model_state_breakdown
+from minidist.estimate.models import ModelConfig
+from minidist.estimate.pipeline import inflight_microbatches, pipeline_bubble
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The calibrated constants: fraction of dense peak the GEMMs reach, and bytes of HBM traffic per
+    activation element per layer per pass for the non-GEMM work."""
+
+    gemm: float
+    overhead_bytes: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One parallel configuration. ``gpus = tp * cp * pp * dp``; ``ep`` divides ``dp`` (experts are
+    spread over data-parallel ranks). ``virtual`` is the interleaving depth of the schedule."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 1
+    recompute: str | None = None
+    micro_batch: int = 1
+    schedule: str = "1f1b"
+    virtual: int = 1
+    sp: bool = True
+    flash: bool = True  # FlashAttention: never stores the s x s scores, recomputes them in the backward
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    def label(self) -> str:
+        sched = self.schedule + (f"x{self.virtual}" if self.virtual > 1 else "") if self.pp > 1 else "-"
+        return (f"tp{self.tp} cp{self.cp} pp{self.pp} dp{self.dp} ep{self.ep} zero{self.zero_stage} "
+                f"rc={self.recompute or 'none'} mb{self.micro_batch} {sched}")
+
+
+@dataclass
+class Estimate:
+    """Predicted step of one layout. Times in seconds, memory in bytes per GPU (the fullest stage)."""
+
+    layout: Layout
+    global_batch: int
+    seq_len: int
+    microbatches: int
+    memory: dict[str, float]
+    hbm_bytes: float
+    fits: bool
+    step_time: float
+    compute: float
+    exposed_comm: float
+    bubble: float
+    comm: dict[str, float] = field(default_factory=dict)
+    mfu: float = 0.0
+    tokens_per_s: float = 0.0
+    tflops_per_gpu: float = 0.0  # model FLOPs incl. attention (Megatron's count: + 12 s h L per token)
+
+    @property
+    def breakdown(self) -> dict[str, float]:
+        return {"compute": self.compute, "exposed_comm": self.exposed_comm, "bubble": self.bubble}
+
+
+def _dp_reduce_time(nbytes: float, group: int, tp: int, cluster: ClusterSpec) -> float:
+    """Two-level all-reduce of ``nbytes`` over a DP group whose members sit ``tp`` ranks apart."""
+    if group <= 1:
+        return 0.0
+    per_node = max(1, min(group, cluster.gpus_per_node // tp))
+    nodes = math.ceil(group / per_node)
+    return hierarchical_all_reduce_time(nbytes, per_node, nodes, cluster.intra.alpha, cluster.intra.beta,
+                                        cluster.inter.alpha, cluster.inter.beta)
+
+
+def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, global_batch: int, seq_len: int,
+                    efficiency: Efficiency, *, dp_overlap: float = 0.8, dtype: str = "bf16",
+                    hbm_usable: float = 0.9) -> Estimate:
+    """Predict one layout (no validation of divisibility here: the planner filters first)."""
+    L, h, V, s = model.layers, model.hidden, model.vocab, seq_len
+    tp, pp, dp, cp, ep, b = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.micro_batch
+    g = cluster.gpu
+    peak, hbm_bw = g.peak(dtype), g.hbm_bw
+    m = global_batch // (dp * b)
+    layers_stage = math.ceil(L / pp)
+    moe_layers = (model.moe_layers or L) if model.is_moe else 0
+    moe_stage = math.ceil(moe_layers / pp)
+
+    # --- compute per micro-batch on the last stage ---
+    t = b * s / cp  # tokens this GPU processes per micro-batch
+    layer_active = (model.active_params - model.embedding_params) / L
+    dense_fwd = 2 * layer_active * t / tp
+    attn_fwd = 4 * b * (s / cp) * s * h / tp
+    passes = 4 if layout.recompute == "full" else 3
+    attn_passes = passes + (1 if layout.recompute == "selective" or layout.flash else 0)
+    layer_flops = dense_fwd * passes + attn_fwd * attn_passes
+    logits_flops = 3 * 2 * t * h * V / tp
+    stage_flops = layers_stage * layer_flops + logits_flops
+    overhead = passes * efficiency.overhead_bytes * t * h / tp * layers_stage / hbm_bw
+    t_compute = stage_flops / (peak * efficiency.gemm) + overhead
+
+    # --- communication per micro-batch ---
+    act_bytes = t * h * 2
+    n_ar = 6 if layout.recompute == "full" else 4
+    t_tp = n_ar * layers_stage * collective_time("all_reduce", act_bytes, tp, cluster.intra.alpha,
+                                                 cluster.intra.beta) if tp > 1 else 0.0
+    t_cp = 0.0
+    if cp > 1:
+        link = cluster.link_for(tp * cp)
+        kv_chunk = 2 * b * (s / cp) * model.kv_heads * model.head_dim * 2 / tp
+        ring = 3 * (cp - 1) * (link.alpha + kv_chunk / link.beta)  # forward once, backward twice
+        attn_time = attn_fwd * attn_passes / (peak * efficiency.gemm)
+        t_cp = layers_stage * max(0.0, ring - attn_time)
+    t_ep = 0.0
+    if ep > 1:
+        link = cluster.link_for(tp * cp * ep)
+        n_a2a = 6 if layout.recompute == "full" else 4
+        tokens_bytes = t * model.top_k * h * 2 / (tp if layout.sp else 1)
+        t_ep = n_a2a * moe_stage * collective_time("all_to_all", tokens_bytes, ep, link.alpha, link.beta)
+    t_pp = 0.0
+    if pp > 1:
+        link = cluster.inter if tp * cp * dp >= cluster.gpus_per_node else cluster.intra  # stage stride
+        t_pp = 2 * layout.virtual * (link.alpha + act_bytes / tp / link.beta)
+    t_mb = t_compute + t_tp + t_cp + t_ep + t_pp
+
+    bubble_frac = pipeline_bubble(pp, m, layout.schedule, layout.virtual) if pp > 1 else 0.0
+    busy = m * t_mb
+    pipe = busy / (1 - bubble_frac)
+
+    # --- data-parallel gradient reduction and optimizer ---
+    local_params = model.dense_params / (tp * pp) + model.expert_params / (tp * pp * ep)
+    shard = dp * cp
+    t_dp = _dp_reduce_time(local_params * 2, shard, tp, cluster) * (1.5 if layout.zero_stage == 3 else 1.0)
+    dp_exposed = t_dp * (1 - dp_overlap)
+    t_opt = 36 * local_params / (shard if layout.zero_stage >= 1 else 1) / hbm_bw
+
+    step = pipe + dp_exposed + t_opt
+    compute = m * t_compute + t_opt
+    exposed = m * (t_tp + t_cp + t_ep + t_pp) + dp_exposed
+    comm = {"tp": m * t_tp, "cp": m * t_cp, "ep": m * t_ep, "pp": m * t_pp, "dp": dp_exposed}
+
+    # --- memory on the fullest stage ---
+    state = model_state_breakdown(local_params, layout.zero_stage, shard)
+    inflight = inflight_microbatches(pp, m, layout.schedule, layout.virtual) if pp > 1 else 1
+    heads = model.heads
+    rc = "selective" if layout.flash and layout.recompute is None else layout.recompute
+    acts = activation_bytes(max(1, round(s / cp)), b, h, heads, layers_stage, tp, layout.sp, rc)
+    buffers = 2 * 4 * t * V / tp
+    if layout.zero_stage == 3:
+        buffers += 2 * 2 * (layer_active + model.expert_params / max(1, moe_layers or 1) / ep) / tp
+    memory = {**state, "activations": acts * inflight, "buffers": buffers}
+    memory["total"] = sum(memory.values())
+    tokens = global_batch * s
+    return Estimate(
+        layout=layout, global_batch=global_batch, seq_len=s, microbatches=m, memory=memory, hbm_bytes=g.hbm_bytes,
+        fits=memory["total"] <= hbm_usable * g.hbm_bytes, step_time=step, compute=compute, exposed_comm=exposed,
+        bubble=pipe - busy, comm=comm, mfu=6 * model.active_params * tokens / (step * layout.gpus * peak),
+        tokens_per_s=tokens / step,
+        tflops_per_gpu=(6 * model.active_params + 12 * s * h * L) * tokens / (step * layout.gpus) / 1e12)

@@ -1,0 +1,78 @@
+"""Pipeline bubbles, efficiency and in-flight activations (book ch16, ch24, ch31a; lab 10).
+
+Property: separability of f_L o ... o f_1 lets stages work on different micro-batches at once; the
+price is the fill and drain of the pipeline. Convention: ``pipeline_bubble`` returns the *idle
+fraction of the whole pipeline span* (bubble / (work + bubble)), e.g. (p-1)/(m+p-1) for GPipe and
+1F1B. Pass ``relative_to="ideal"`` for the other convention the book also uses, bubble / work
+((p-1)/m for 1F1B, (p-1)/(m v) interleaved); the two differ, which is the book's interleaved slip.
+"""
+
+from __future__ import annotations
+
+from minidist.estimate._check import choice, count, nonnegative
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipe")
+
+
+def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: int) -> float:
+    """Bubble time divided by useful time, with equal forward, input-backward and weight-backward costs."""
+    p, m, v = stages, microbatches, virtual
+    if schedule in ("gpipe", "1f1b"):
+        return (p - 1) / m
+    if schedule == "interleaved":
+        return (p - 1) / (m * v)
+    if schedule == "zb-h1":  # Qi et al. 2024: (p-1)(T_F + T_B - T_W) with T_F = T_B = T_W: a third of 1F1B
+        return (p - 1) / (3 * m)
+    if schedule == "zb-h2":  # fills the bubble completely at (2p-1) micro-batches of activation memory
+        return 0.0
+    return (p - 1) / (2 * m)  # dualpipe (ch31a, ch35): half of 1F1B
+
+
+def pipeline_bubble(stages: int, microbatches: int, schedule: str = "1f1b", virtual: int = 1,
+                    relative_to: str = "total") -> float:
+    """Idle fraction of a pipeline with ``stages`` stages and ``microbatches`` micro-batches.
+
+    relative_to="total" (default): bubble / (work + bubble), i.e. gpipe and 1f1b (p-1)/(m+p-1);
+    interleaved with v virtual stages per device (p-1)/(m v + p-1); zb-h1 (p-1)/(3m + p-1);
+    zb-h2 0; dualpipe (p-1)/(2m + p-1).
+    relative_to="ideal": bubble / work, i.e. (p-1)/m, (p-1)/(m v), (p-1)/(3m), 0, (p-1)/(2m).
+    """
+    fn = "pipeline_bubble"
+    p, m, v = count(fn, "stages", stages), count(fn, "microbatches", microbatches), count(fn, "virtual", virtual)
+    choice(fn, "schedule", schedule, SCHEDULES)
+    choice(fn, "relative_to", relative_to, ("total", "ideal"))
+    if v != 1 and schedule != "interleaved":
+        raise ValueError(f"{fn}: virtual={v} needs schedule='interleaved', got {schedule!r}")
+    r = _bubble_over_work(p, m, schedule, v)
+    return r if relative_to == "ideal" else r / (1 + r)
+
+
+def pipeline_efficiency(stages: int, microbatches: int, schedule: str = "1f1b", virtual: int = 1) -> float:
+    """Busy fraction 1 - bubble, e.g. m/(m+p-1) for 1F1B (ch24's eta_pipe)."""
+    return 1 - pipeline_bubble(stages, microbatches, schedule, virtual)
+
+
+def inflight_microbatches(stages: int, microbatches: int, schedule: str = "1f1b", virtual: int = 1) -> float:
+    """Micro-batches of activations the first stage holds at peak: m for GPipe, min(p, m) for 1F1B and
+    ZB-H1, (2p-1) for ZB-H2, 2p for DualPipe; interleaved holds p (1 + (p-1)/(p v)) stage-equivalents
+    (Narayanan et al. 2021)."""
+    fn = "inflight_microbatches"
+    p, m, v = count(fn, "stages", stages), count(fn, "microbatches", microbatches), count(fn, "virtual", virtual)
+    choice(fn, "schedule", schedule, SCHEDULES)
+    if schedule == "gpipe":
+        return m
+    if schedule == "interleaved":
+        return min(m, p * (1 + (p - 1) / (p * v)))
+    if schedule == "zb-h2":
+        return min(m, 2 * p - 1)
+    if schedule == "dualpipe":
+        return min(m, 2 * p)
+    return min(p, m)
+
+
+def stage_balance_efficiency(stage_times: list[float]) -> float:
+    """Load balance of a pipeline: sum(t_i) / (p max t_i) (ch16)."""
+    ts = [nonnegative("stage_balance_efficiency", f"stage_times[{i}]", t) for i, t in enumerate(stage_times)]
+    if not ts or max(ts) == 0:
+        raise ValueError("stage_balance_efficiency: stage_times must be non-empty with a positive maximum")
+    return sum(ts) / (len(ts) * max(ts))
