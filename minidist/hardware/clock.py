@@ -1,0 +1,112 @@
+"""The simulated clock of one rank: a compute stream, a comm stream and the links it sends on.
+
+Time is simulated, in seconds, and advances only when something is charged (chapters 2 and 4):
+
+* compute: an op of ``flops`` FLOP moving ``nbytes`` bytes costs the roofline
+  ``max(flops / peak[dtype], nbytes / hbm_bw)`` and runs on the compute stream;
+* communication: a message of ``n`` bytes on link L costs ``alpha_L + n / beta_L`` (beta in bytes/s).
+  A directed link carries one message at a time, so a message starts at
+  ``max(ready, link free)``; its receive completes at ``max(receiver's clock, start + cost)``.
+
+``compute`` and ``comm`` are the times up to which each stream has committed work. A synchronous
+collective starts at ``max(compute, comm)`` and sets both to its end; an asynchronous one advances only
+``comm`` and leaves ``compute`` free until ``Work.wait()`` joins them, which is why overlapped
+communication costs ``max(compute, comm)`` rather than the sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.hardware.cluster import Cluster
+from minidist.hardware.trace import Recorder
+
+
+class Clock:
+    """Simulated streams of rank ``rank`` on ``cluster``; every charge is recorded in ``recorder``."""
+
+    def __init__(self, rank: int, cluster: Cluster, recorder: Recorder | None = None) -> None:
+        self.rank = rank
+        self.cluster = cluster
+        self.compute = 0.0
+        self.comm = 0.0
+        self.recorder = recorder if recorder is not None else Recorder(rank)
+        self._link_free: dict[int, float] = {}  # dst -> time the link rank -> dst is free again
+        self._peaks: dict[object, float] = {}
+
+    # -- time ------------------------------------------------------------------------------
+    def now(self) -> float:
+        """Time of this rank's program: the compute stream, which every sync op and wait() joins."""
+        return self.compute
+
+    def end(self) -> float:
+        """Time at which all committed work (pending async communication included) is finished."""
+        return max(self.compute, self.comm)
+
+    # -- compute ---------------------------------------------------------------------------
+    def peak(self, dtype) -> float:
+        """Peak FLOP/s charged for ``dtype`` (the cluster's ``compute_dtype`` wins when set)."""
+        try:
+            return self._peaks[dtype]
+        except KeyError:
+            pass
+        name = self.cluster.compute_dtype or (dtype if isinstance(dtype, str) else np.dtype(dtype).name)
+        try:
+            p = self.cluster.gpu.peak(name)
+        except ValueError:
+            p = self.cluster.gpu.peak("fp32")  # integer and bool ops: charge at the fp32 rate
+        self._peaks[dtype] = p
+        return p
+
+    def roofline(self, flops: float, nbytes: float, dtype=np.float32) -> float:
+        """Seconds for one op: max(flops / peak[dtype], nbytes / hbm_bw)."""
+        return max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw)
+
+    def charge_compute(self, name: str, flops: float, nbytes: float, dtype=np.float32) -> float:
+        """Run one op on the compute stream; return its duration."""
+        start = self.compute
+        dt = max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw)
+        self.compute = start + dt
+        self.recorder.record("compute", name, start, self.compute, nbytes, flops)
+        return dt
+
+    def hook(self, name: str, flops: float, nbytes: float, dtype) -> None:
+        """The autograd cost hook: ``minidist.autograd.cost.set_cost_hook(clock.hook)``."""
+        self.charge_compute(name, flops, nbytes, dtype)
+
+    def sleep(self, seconds: float, name: str = "idle") -> None:
+        """Advance the compute stream by ``seconds`` (a stand-in for work the model does not cost)."""
+        self.charge_compute_seconds(name, seconds)
+
+    def charge_compute_seconds(self, name: str, seconds: float) -> None:
+        start = self.compute
+        self.compute = start + float(seconds)
+        self.recorder.record("compute", name, start, self.compute, 0.0, 0.0)
+
+    # -- communication ---------------------------------------------------------------------
+    def message(self, dst: int, nbytes: int, ready: float) -> tuple[float, float]:
+        """Book the link rank -> ``dst`` for a message ready at ``ready``: return (start, arrival)."""
+        l = self.cluster.link(self.rank, dst)
+        start = max(ready, self._link_free.get(dst, 0.0))
+        arrival = start + l.alpha + nbytes / l.beta
+        self._link_free[dst] = arrival
+        self.recorder.record("link", f"{self.rank}->{dst}", start, arrival, float(nbytes), 0.0)
+        return start, arrival
+
+    def begin_comm(self) -> float:
+        """Start time of a comm-stream op issued now: after the program and after earlier comm work."""
+        return max(self.compute, self.comm)
+
+    def end_comm(self, name: str, start: float, end: float, nbytes: float, async_op: bool) -> None:
+        """Commit a comm op [start, end]; a sync op also joins the compute stream."""
+        self.comm = max(self.comm, end)
+        if not async_op:
+            self.compute = max(self.compute, end)
+        self.recorder.record("comm", name, start, end, nbytes, 0.0)
+
+    def join(self, t: float) -> None:
+        """Work.wait(): the program continues after time ``t``."""
+        if t > self.compute:
+            self.compute = t
+        if t > self.comm:
+            self.comm = t

@@ -1,0 +1,136 @@
+"""A cluster: which GPU each rank is, which link joins two ranks, and where the host memory sits.
+
+Topology is two-level, like the machines in the book's chapters 3 and 13a: ``gpus_per_node`` ranks
+share a node joined by a fast intra-node link (NVLink), and nodes are joined by a slower network
+(InfiniBand). Rank ``r`` lives on node ``r // gpus_per_node``. The clock asks ``cluster.link(src, dst)``
+for the latency ``alpha`` (s) and bandwidth ``beta`` (bytes/s, one direction) of every message.
+Each ordered pair of ranks is its own directed link (a full crossbar inside the node and one NIC
+per GPU across nodes, as in a DGX); an algorithm shares a link only when it sends twice to one peer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from minidist.hardware.specs import GPU, Link, gpu, link
+
+
+def _as_gpu(g: str | GPU) -> GPU:
+    return g if isinstance(g, GPU) else gpu(g)
+
+
+def _as_link(l: str | Link) -> Link:
+    return l if isinstance(l, Link) else link(l)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs grouped in nodes, with an intra-node link, an inter-node link and a host (CPU) tier.
+
+    ``nodes=None`` means "as many nodes as the launch needs". ``hbm_bytes`` overrides the GPU's
+    memory (handy to provoke an out-of-memory in a lab); ``compute_dtype`` (e.g. ``"bf16"``) charges
+    every op at that dtype's peak whatever numpy dtype actually runs. ``host_bytes`` is CPU memory
+    per node and ``host_link`` the PCIe link each GPU uses to reach it (offloading, chapter 22).
+    """
+
+    gpu: GPU
+    gpus_per_node: int = 8
+    intra_link: Link = None  # type: ignore[assignment]
+    inter_link: Link = None  # type: ignore[assignment]
+    nodes: int | None = None
+    hbm_bytes: float | None = None
+    compute_dtype: str | None = None
+    host_bytes: float = 2e12
+    host_link: Link = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        gpu: str | GPU = "H100-80GB-SXM",
+        gpus_per_node: int = 8,
+        intra_link: str | Link = "NVLink4",
+        inter_link: str | Link = "IB-NDR400",
+        nodes: int | None = None,
+        hbm_bytes: float | None = None,
+        compute_dtype: str | None = None,
+        host_bytes: float = 2e12,
+        host_link: str | Link = "PCIe5-x16",
+    ) -> None:
+        if gpus_per_node < 1:
+            raise ValueError(f"Cluster: gpus_per_node must be >= 1, got {gpus_per_node}")
+        if nodes is not None and nodes < 1:
+            raise ValueError(f"Cluster: nodes must be >= 1 or None, got {nodes}")
+        set_ = object.__setattr__
+        set_(self, "gpu", _as_gpu(gpu))
+        set_(self, "gpus_per_node", int(gpus_per_node))
+        set_(self, "intra_link", _as_link(intra_link))
+        set_(self, "inter_link", _as_link(inter_link))
+        set_(self, "nodes", None if nodes is None else int(nodes))
+        set_(self, "hbm_bytes", hbm_bytes)
+        set_(self, "compute_dtype", compute_dtype)
+        set_(self, "host_bytes", float(host_bytes))
+        set_(self, "host_link", _as_link(host_link))
+
+    # -- presets ---------------------------------------------------------------------------
+    @classmethod
+    def dgx_h100(cls, nodes: int | None = None, **kw) -> Cluster:
+        """DGX H100: 8 x H100-SXM per node, NVLink4 inside, one IB NDR400 NIC per GPU across nodes."""
+        return cls("H100-80GB-SXM", 8, "NVLink4", "IB-NDR400", nodes=nodes, **kw)
+
+    @classmethod
+    def dgx_a100(cls, nodes: int | None = None, **kw) -> Cluster:
+        """DGX A100: 8 x A100-SXM per node, NVLink3 inside, one IB HDR200 NIC per GPU across nodes."""
+        kw.setdefault("host_bytes", 1e12)
+        kw.setdefault("host_link", "PCIe4-x16")
+        return cls("A100-80GB-SXM", 8, "NVLink3", "IB-HDR200", nodes=nodes, **kw)
+
+    @classmethod
+    def uniform(
+        cls, alpha: float = 1e-5, beta: float = 1e9, gpus_per_node: int = 1 << 30, gpu: str | GPU = "H100-80GB-SXM",
+        **kw,
+    ) -> Cluster:
+        """Every pair of ranks joined by the same link (alpha s, beta bytes/s): the closed forms' world."""
+        l = Link(f"uniform(alpha={alpha:g}, beta={beta:g})", float(alpha), float(beta))
+        return cls(gpu, gpus_per_node, l, l, **kw)
+
+    # -- topology --------------------------------------------------------------------------
+    @property
+    def hbm(self) -> float:
+        """Simulated HBM capacity per rank, bytes."""
+        return float(self.gpu.hbm_bytes if self.hbm_bytes is None else self.hbm_bytes)
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def same_node(self, a: int, b: int) -> bool:
+        return a // self.gpus_per_node == b // self.gpus_per_node
+
+    def link(self, src: int, dst: int) -> Link:
+        """The link a message from global rank ``src`` to global rank ``dst`` travels on."""
+        if src == dst:
+            raise ValueError(f"Cluster.link: rank {src} has no link to itself")
+        return self.intra_link if self.same_node(src, dst) else self.inter_link
+
+    def capacity(self) -> int | None:
+        """Ranks this cluster can hold (None when the node count is left open)."""
+        return None if self.nodes is None else self.nodes * self.gpus_per_node
+
+    def for_world(self, world_size: int) -> Cluster:
+        """This cluster sized for ``world_size`` ranks (fills in ``nodes``; checks it fits)."""
+        need = math.ceil(world_size / self.gpus_per_node)
+        if self.nodes is None:
+            return replace(self, nodes=need)
+        if world_size > self.nodes * self.gpus_per_node:
+            raise ValueError(
+                f"launch: world_size={world_size} does not fit the cluster "
+                f"({self.nodes} nodes x {self.gpus_per_node} GPUs = {self.nodes * self.gpus_per_node})"
+            )
+        return self
+
+    def __repr__(self) -> str:
+        nodes = "?" if self.nodes is None else self.nodes
+        return (
+            f"Cluster({nodes} x {self.gpus_per_node} {self.gpu.name}, intra={self.intra_link.name} "
+            f"(alpha={self.intra_link.alpha:g} s, beta={self.intra_link.beta:g} B/s), inter={self.inter_link.name} "
+            f"(alpha={self.inter_link.alpha:g} s, beta={self.inter_link.beta:g} B/s))"
+        )

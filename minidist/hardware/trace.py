@@ -1,0 +1,138 @@
+"""Trace: every charge on every rank as one event, exportable to Chrome/Perfetto and drawable.
+
+An event is ``(rank, stream, name, start, end, nbytes, flops)`` with times in simulated seconds.
+Streams are ``compute``, ``comm`` (whole operations as the program sees them) and ``link`` (each
+message on its directed link). Recording is a tuple append, cheap enough to stay always on.
+Open the JSON in https://ui.perfetto.dev or chrome://tracing (chapter 32, profiling).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+STREAMS = ("compute", "comm", "link")
+
+
+class Event(NamedTuple):
+    rank: int
+    stream: str
+    name: str
+    start: float
+    end: float
+    nbytes: float
+    flops: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Recorder:
+    """Collects one rank's events as plain tuples (turned into Events once, at the end)."""
+
+    __slots__ = ("rank", "events", "enabled")
+
+    def __init__(self, rank: int, enabled: bool = True) -> None:
+        self.rank = rank
+        self.events: list[tuple] = []
+        self.enabled = enabled
+
+    def record(self, stream: str, name: str, start: float, end: float, nbytes: float, flops: float) -> None:
+        if self.enabled:
+            self.events.append((stream, name, start, end, nbytes, flops))
+
+
+class Trace:
+    """All ranks' events, sorted by start time."""
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        self.events: list[Event] = sorted(events, key=lambda e: (e.start, e.rank, e.stream))
+
+    @classmethod
+    def from_recorders(cls, per_rank: dict[int, list[tuple]]) -> Trace:
+        return cls(Event(r, *e) for r, evs in per_rank.items() for e in evs)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __repr__(self) -> str:
+        ranks = sorted({e.rank for e in self.events})
+        return f"Trace({len(self.events)} events, ranks={ranks}, end={self.end():.6g} s)"
+
+    def filter(self, rank: int | None = None, stream: str | None = None, name: str | None = None) -> Trace:
+        """Events matching every given field (``name`` matches as a prefix)."""
+        return Trace(
+            e
+            for e in self.events
+            if (rank is None or e.rank == rank)
+            and (stream is None or e.stream == stream)
+            and (name is None or e.name.startswith(name))
+        )
+
+    def end(self) -> float:
+        return max((e.end for e in self.events), default=0.0)
+
+    def busy(self, rank: int, stream: str) -> float:
+        """Seconds during which ``stream`` of ``rank`` is busy (overlapping events counted once)."""
+        spans = sorted((e.start, e.end) for e in self.events if e.rank == rank and e.stream == stream)
+        total, cur_s, cur_e = 0.0, None, None
+        for s, t in spans:
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, t
+            else:
+                cur_e = max(cur_e, t)
+        if cur_e is not None:
+            total += cur_e - cur_s
+        return total
+
+    # -- export ----------------------------------------------------------------------------
+    def to_chrome(self, path: str | None = None) -> dict:
+        """Chrome trace-event JSON (times in microseconds); one process per rank, one thread per stream."""
+        tid = {s: i for i, s in enumerate(STREAMS)}
+        out = []
+        for r in sorted({e.rank for e in self.events}):
+            out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+            for s, i in tid.items():
+                out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": i, "args": {"name": s}})
+        for e in self.events:
+            out.append({
+                "ph": "X", "name": e.name, "cat": e.stream, "pid": e.rank, "tid": tid.get(e.stream, len(tid)),
+                "ts": e.start * 1e6, "dur": (e.end - e.start) * 1e6,
+                "args": {"bytes": e.nbytes, "flops": e.flops},
+            })
+        doc = {"traceEvents": out, "displayTimeUnit": "ns"}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+    def plot(self, ax=None, streams: tuple[str, ...] = ("compute", "comm"), title: str | None = None):
+        """Gantt chart: one row per (rank, stream), time in simulated milliseconds. Returns the axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 0.5 + 0.35 * max(1, len(self._rows(streams)))))
+        rows = self._rows(streams)
+        colors = {"compute": "tab:blue", "comm": "tab:orange", "link": "tab:green"}
+        for y, (rank, stream) in enumerate(rows):
+            spans = [(e.start * 1e3, (e.end - e.start) * 1e3) for e in self.events
+                     if e.rank == rank and e.stream == stream]
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(stream, "tab:gray"), edgecolor="k", lw=0.3)
+        ax.set_yticks(range(len(rows)), [f"rank {r} {s}" for r, s in rows])
+        ax.invert_yaxis()
+        ax.set_xlabel("simulated time (ms)")
+        if title:
+            ax.set_title(title)
+        return ax
+
+    def _rows(self, streams) -> list[tuple[int, str]]:
+        present = {(e.rank, e.stream) for e in self.events if e.stream in streams}
+        ranks = sorted({r for r, _ in present})
+        return [(r, s) for r in ranks for s in streams if (r, s) in present]

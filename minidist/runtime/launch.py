@@ -1,0 +1,304 @@
+"""``launch``: run a function on ``world_size`` simulated devices, each a real process.
+
+The parent creates the shared segment and one doorbell semaphore per rank, starts the ranks with
+the ``multiprocess`` package (dill pickling, so a function typed in a notebook cell works) and
+waits for their reports on pipes. Each rank captures its printed output and sends back its return
+value, simulated time, memory ledger and trace events; the parent prints the output grouped by
+rank. Failures end quickly and cleanly: the first exception aborts every other rank at its next
+communication call, the parent re-raises it with the failing rank's traceback, and no process or
+shared-memory segment survives the call (nor a KeyboardInterrupt).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+
+import dill
+import multiprocess
+from multiprocess.connection import wait as mp_wait
+
+from minidist.autograd.cost import set_cost_hook
+from minidist.hardware.clock import Clock
+from minidist.hardware.cluster import Cluster
+from minidist.hardware.memory import MemoryLedger
+from minidist.hardware.trace import Recorder, Trace
+from minidist.runtime import context, shm
+from minidist.runtime.errors import RankAborted, RankError
+from minidist.runtime.transport import Transport
+
+_BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+GRACE = 2.0  # seconds the parent waits for the other ranks' reports once one rank has failed
+
+
+class LaunchResult(Sequence):
+    """The ranks' return values in rank order, plus what the simulation measured.
+
+    ``times[r]``: rank r's final simulated time in seconds (all its streams finished);
+    ``memory[r]``: its MemoryLedger; ``trace``: every rank's events; ``stdout[r]``: what it printed.
+    """
+
+    def __init__(self, values, times, memory, trace, stdout) -> None:
+        self.values, self.times, self.memory, self.trace, self.stdout = values, times, memory, trace, stdout
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def time(self) -> float:
+        """The run's simulated duration: the slowest rank's time."""
+        return max(self.times, default=0.0)
+
+    def __repr__(self) -> str:
+        return f"LaunchResult({self.values!r}, time={self.time:.6g} s)"
+
+
+def _limit_blas_threads() -> None:
+    """One BLAS thread per rank, so 8 ranks do not fight over 2 cores."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
+    except OSError:
+        return
+    for lib in libs:
+        try:
+            dll = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for sym in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                    "scipy_openblas_set_num_threads"):
+            fn = getattr(dll, sym, None)
+            if fn is not None:
+                fn(1)
+                break
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this rank if the parent dies (no orphans after a SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, conn, timeout):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tears us down
+    _die_with_parent()
+    _limit_blas_threads()
+    layout = shm.Layout(world, *layout_args)
+    mm = shm.attach(seg, layout.size) if isinstance(seg, str) else seg
+    conn.send_bytes(dill.dumps(("ready", rank)))
+    board = shm.Board(mm, layout)
+    recorder = Recorder(rank)
+    clock = Clock(rank, cluster, recorder)
+    ledger = MemoryLedger(cluster.hbm, rank)
+    transport = Transport(rank, mm, layout, bells, board, clock, timeout)
+    ctx = context.RankContext(rank, world, cluster, clock, ledger, transport, timeout)
+    context.set_current(ctx)
+    set_cost_hook(clock.hook)
+    out = io.StringIO()
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = out
+    try:
+        value = fn(*args, **(kwargs or {}))
+        transport.flush()
+        board.set_state(rank, shm.FINISHED)
+        transport.ring_all()
+        sys.stdout, sys.stderr = saved
+        try:
+            data = dill.dumps(("ok", rank, value, clock.end(), ledger, recorder.events, out.getvalue()))
+        except Exception as e:
+            data = dill.dumps(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
+                               f"pickled: {e}", "", None, out.getvalue(), clock.end()))
+    except BaseException as e:
+        sys.stdout, sys.stderr = saved
+        board.set_state(rank, shm.FAILED)
+        if not isinstance(e, RankAborted):
+            board.abort(f"rank {rank} raised {type(e).__name__}: {e}")
+        transport.ring_all()
+        try:
+            exc = dill.dumps(e)
+        except Exception:
+            exc = None
+        data = dill.dumps(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc, out.getvalue(),
+                           clock.end()))
+    finally:
+        sys.stdout, sys.stderr = saved
+        set_cost_hook(None)
+        context.set_current(None)
+    conn.send_bytes(data)
+    conn.close()
+
+
+def _print_grouped(stdout: dict[int, str]) -> None:
+    for r in sorted(stdout):
+        text = stdout[r]
+        if text:
+            lines = text.rstrip("\n").split("\n")
+            print("\n".join(f"[rank {r}] {line}" for line in lines), flush=True)
+
+
+def _failure(errors: dict, order: list[int]) -> RankError:
+    """One error for the caller: the first real failure with its traceback, then every other rank's."""
+    real = [r for r in order if errors[r][0] != "RankAborted"] or order
+    first = real[0]
+    name, msg, tb, exc = errors[first][:4]
+    lines = [f"rank {first} failed with {name}: {msg}"]
+    others = [r for r in sorted(errors) if r != first]
+    if others:
+        lines.append("other ranks: " + "; ".join(f"rank {r}: {errors[r][0]}: {errors[r][1]}" for r in others))
+    if tb:
+        lines.append(f"\n--- traceback of rank {first} ---\n{tb.rstrip()}")
+    obj = None
+    if exc is not None:
+        try:
+            obj = dill.loads(exc)
+        except Exception:
+            obj = None
+    return RankError("\n".join(lines), rank=first, errors={r: errors[r][:3] for r in errors}, exc=obj)
+
+
+def launch(
+    fn: Callable,
+    world_size: int,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    cluster: Cluster | None = None,
+    timeout: float = 60.0,
+    start_method: str | None = None,
+    quiet: bool = False,
+) -> LaunchResult:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` simulated devices and collect what they return.
+
+    ``cluster`` (default: DGX H100 nodes) gives the GPUs and links the clocks charge. ``timeout`` is
+    how many seconds a rank may wait inside one communication call before the run stops with a
+    report of who waits for whom. ``start_method`` is "fork" (default on Linux: fast) or "spawn".
+    Printed output is shown grouped by rank after the run (``quiet=True`` keeps it in
+    ``result.stdout`` only). Raises RankError if any rank raises.
+    """
+    if context.in_rank():
+        raise RuntimeError("md.launch cannot be called from inside a rank")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
+    if start_method is None:
+        start_method = "fork" if sys.platform.startswith("linux") else "spawn"
+    mp = multiprocess.get_context(start_method)
+    cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
+    layout = shm.default_layout(world_size)
+    layout_args = (layout.slot_bytes, layout.nslots)
+    mm, name = shm.create(layout.size)
+    fork = start_method == "fork"
+    if fork:
+        shm.unlink(name)  # children inherit the mapping; the name is no longer needed
+    procs, readers = [], {}
+    board = shm.Board(mm, layout)
+    bells = [mp.Semaphore(0) for _ in range(world_size)]
+    values, times, memory, events, stdout, errors, order = {}, {}, {}, {}, {}, {}, []
+    try:
+        saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
+        if not fork:
+            os.environ.update({k: "1" for k in _BLAS_ENV})
+        try:
+            for r in range(world_size):
+                rd, wr = mp.Pipe(duplex=False)
+                p = mp.Process(target=_rank_main, name=f"minidist-rank-{r}", daemon=True,
+                               args=(r, world_size, fn, args, kwargs, cluster, mm if fork else name, layout_args,
+                                     bells, wr, timeout))
+                p.start()
+                wr.close()
+                procs.append(p)
+                readers[rd] = r
+        finally:
+            if not fork:
+                for k, v in saved_env.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+        ready, failed_at = 0, None
+
+        def handle(conn) -> None:
+            nonlocal ready
+            r = readers[conn]
+            try:
+                msg = dill.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                del readers[conn]
+                return
+            if msg[0] == "ready":
+                ready += 1
+                if ready == world_size and not fork:
+                    shm.unlink(name)  # every rank has it mapped now
+            elif msg[0] == "ok":
+                _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
+            else:
+                _, _, ename, emsg, tb, exc, stdout[r], times[r] = msg
+                errors[r] = (ename, emsg, tb, exc)
+                order.append(r)
+
+        while len(values) + len(errors) < world_size:
+            wait_s = None if failed_at is None else max(0.0, failed_at + GRACE - time.monotonic())
+            if failed_at is not None and wait_s == 0.0:
+                break
+            objs = mp_wait(list(readers) + list(sentinels), timeout=wait_s)
+            for o in objs:
+                if o in readers:
+                    handle(o)
+            for o in objs:
+                if o in sentinels:
+                    r = sentinels.pop(o)
+                    for c, rr in list(readers.items()):
+                        if rr == r:
+                            while c in readers and c.poll():
+                                handle(c)
+                    if r not in values and r not in errors:
+                        procs[r].join(0.5)
+                        code = procs[r].exitcode
+                        errors[r] = ("RankDied", f"rank {r} exited without reporting (exit code {code})", "", None)
+                        order.append(r)
+                        board.abort(f"rank {r} died (exit code {code})")
+                        for b in bells:
+                            b.release()
+            if errors and failed_at is None:
+                failed_at = time.monotonic()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=2.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in readers:
+            c.close()
+        shm.unlink(name)
+        del board
+    if not quiet:
+        _print_grouped(stdout)
+    if errors:
+        for r in range(world_size):
+            if r not in values and r not in errors:
+                errors[r] = ("Terminated", "stopped by the launcher after another rank failed", "", None)
+        raise _failure(errors, order or sorted(errors))
+    res = LaunchResult(
+        [values[r] for r in range(world_size)],
+        [times[r] for r in range(world_size)],
+        [memory[r] for r in range(world_size)],
+        Trace.from_recorders(events),
+        [stdout[r] for r in range(world_size)],
+    )
+    return res

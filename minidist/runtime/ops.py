@@ -1,0 +1,63 @@
+"""Reduction operators and the algebra collectives rely on (chapter 11).
+
+Every operator here is associative and commutative, which is what lets a collective regroup and
+reorder the combination (a tree, a ring, a two-level scheme) and still get the same answer (up to
+floating-point rounding, since float addition is not associative). Each has an identity element
+used to initialise buffers. AVG is SUM followed by a division by the group size.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+
+class ReduceOp(enum.Enum):
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+
+    @property
+    def ufunc(self) -> np.ufunc:
+        """The elementwise combiner (AVG combines with add; the division happens once, at the end)."""
+        return _UFUNCS[self]
+
+    def identity(self, dtype) -> object:
+        """The value e with e (op) x == x, for initialising accumulators."""
+        dtype = np.dtype(dtype)
+        if self in (ReduceOp.SUM, ReduceOp.AVG):
+            return dtype.type(0)
+        if self is ReduceOp.PRODUCT:
+            return dtype.type(1)
+        info = np.finfo(dtype) if dtype.kind in "fc" else np.iinfo(dtype) if dtype.kind in "iu" else None
+        if dtype.kind == "b":
+            return self is ReduceOp.MIN
+        big = np.inf if dtype.kind == "f" else info.max
+        return dtype.type(big if self is ReduceOp.MIN else -big if dtype.kind == "f" else info.min)
+
+    def __repr__(self) -> str:
+        return f"ReduceOp.{self.name}"
+
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVG: np.add,
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def as_op(op) -> ReduceOp:
+    """Accept a ReduceOp or its name ("sum", "SUM", ...)."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        try:
+            return ReduceOp[op.upper()]
+        except KeyError:
+            pass
+    raise ValueError(f"unknown reduce op {op!r}; use one of {[o.name for o in ReduceOp]}")

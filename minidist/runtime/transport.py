@@ -1,0 +1,453 @@
+"""Point-to-point messages over shared memory: one copy in, read or reduce in place, never spin.
+
+Each ordered pair of ranks (src -> dst) owns a channel: a ring of ``nslots`` slots in the shared
+segment plus two counters, ``head`` (chunks written, advanced only by src) and ``tail`` (chunks
+consumed, advanced only by dst). A message is cut into slot-sized chunks, so a message of any size
+streams through a bounded buffer while both sides work on different chunks (pipelining). The first
+chunk carries a header: tag, size, dtype, shape, the simulated start/arrival times and, inside a
+collective, the call's signature, which is how ranks catch disagreeing arguments.
+
+* The sender copies each chunk once into a free slot. A send completes when the receiver has
+  consumed the whole message (like NCCL, a send needs its receive), which lets a receiver that
+  detects a size/dtype mismatch refuse the message (``nack``) so that *both* sides raise.
+* The receiver copies a chunk straight into its buffer, or reduces it in place
+  (``ufunc(buf, slot, out=buf)``) without a temporary: what reduction collectives are made of.
+* Messages between a pair stay in order; a receive takes the first message with its tag, and
+  messages with other tags that arrive first are set aside (copied out) until asked for.
+
+Nothing busy-waits: one process-shared semaphore per rank is its doorbell. Whoever changes a
+channel rings the other side's bell; a rank with nothing to do blocks on its own bell (with a
+timeout that turns a deadlock into a report of who waits for whom).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from minidist.runtime import shm
+from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted
+from minidist.runtime.shm import C_HEAD, C_NACK, C_NACK_OFF, C_NACKLEN, C_TAIL, HDR_BYTES, HEADER, SIG_MAX
+
+
+class SendOp:
+    __slots__ = ("peer", "tag", "data", "nbytes", "dtype", "shape", "sig", "name", "off", "chunks",
+                 "written", "end_counter", "msg", "start", "end", "done", "error")
+
+    def __init__(self, peer, tag, data, nbytes, dtype, shape, sig, name):
+        self.peer, self.tag, self.data, self.nbytes = peer, tag, data, nbytes
+        self.dtype, self.shape, self.sig, self.name = dtype, shape, sig, name
+        self.off = self.chunks = 0
+        self.written = self.done = False
+        self.end_counter = self.msg = 0
+        self.start = self.end = 0.0
+        self.error = None
+
+    def describe(self) -> str:
+        if self.tag >= 0:
+            return f"{self.name}(dst={self.peer}, tag={self.tag})"
+        return f"{self.name} (send to rank {self.peer})"
+
+
+class RecvOp:
+    __slots__ = ("peer", "tag", "buf", "bview", "flat", "ufunc", "sig", "name", "post", "end", "done", "off",
+                 "nbytes", "hdr", "error")
+
+    def __init__(self, peer, tag, buf, ufunc, sig, name, post):
+        self.peer, self.tag, self.buf, self.ufunc = peer, tag, buf, ufunc
+        self.sig, self.name, self.post = sig, name, post
+        self.flat = buf.reshape(-1)
+        self.bview = self.flat.view(np.uint8)
+        self.nbytes = buf.nbytes
+        self.off = 0
+        self.end = 0.0
+        self.done = False
+        self.hdr = None
+        self.error = None
+
+    def describe(self) -> str:
+        if self.tag >= 0:
+            return f"{self.name}(src={self.peer}, tag={self.tag})"
+        return f"{self.name} (recv from rank {self.peer})"
+
+    def consume(self, chunk: np.ndarray) -> None:
+        """Take the next bytes of the message: copy, or reduce element-wise straight from shared memory."""
+        k = chunk.size
+        if k:
+            off = self.off
+            if self.ufunc is None:
+                self.bview[off : off + k] = chunk
+            else:
+                isz = self.flat.itemsize
+                dst = self.flat[off // isz : (off + k) // isz]
+                self.ufunc(dst, chunk.view(self.flat.dtype), out=dst)
+            self.off = off + k
+
+
+class _Stash:
+    """A message nobody asked for yet (another tag was awaited): kept as private bytes."""
+
+    __slots__ = ("hdr", "sig", "data", "off", "nbytes")
+
+    def __init__(self, hdr, sig):
+        self.hdr, self.sig = hdr, sig
+        self.nbytes = hdr[1]
+        self.data = np.empty(self.nbytes, np.uint8)
+        self.off = 0
+
+    def consume(self, chunk):
+        k = chunk.size
+        self.data[self.off : self.off + k] = chunk
+        self.off += k
+
+
+class _Discard(_Stash):
+    """The rest of a refused message: its chunks are taken and dropped, keeping the channel in step."""
+
+    def __init__(self, hdr):
+        self.hdr, self.sig, self.nbytes, self.off, self.data = hdr, b"", hdr[1], 0, None
+
+    def consume(self, chunk):
+        self.off += chunk.size
+
+
+def _fmt(shape, dtype) -> str:
+    return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
+
+
+class Transport:
+    """The message engine of one rank: queues of pending sends/receives and the progress loop."""
+
+    def __init__(self, rank: int, mm, layout: shm.Layout, doorbells, board: shm.Board, clock, timeout: float):
+        self.rank, self.world, self.layout = rank, layout.world, layout
+        self.mm, self.mv = mm, memoryview(mm)
+        self.buf = np.frombuffer(mm, np.uint8)
+        self.bells, self.bell = doorbells, doorbells[rank]
+        self.board, self.clock, self.timeout = board, clock, timeout
+        self.slot_bytes, self.nslots = layout.slot_bytes, layout.nslots
+        W = self.world
+        self.out_ctrl = [None] * W
+        self.in_ctrl = [None] * W
+        self.out_slots = [None] * W
+        self.in_slots = [None] * W
+        for p in range(W):
+            if p == rank:
+                continue
+            self.out_ctrl[p] = np.frombuffer(mm, np.int64, 128, layout.channel(rank, p))
+            self.in_ctrl[p] = np.frombuffer(mm, np.int64, 128, layout.channel(p, rank))
+            self.out_slots[p] = [self._slot(rank, p, i) for i in range(self.nslots)]
+            self.in_slots[p] = [self._slot(p, rank, i) for i in range(self.nslots)]
+        self.head = [0] * W  # chunks written to rank -> p (only this rank writes it)
+        self.tail = [0] * W  # chunks consumed from p -> rank
+        self.msgs_out = [0] * W
+        self.send_q: dict[int, deque] = {}
+        self.recv_q: dict[int, list] = {}
+        self.cur_in: dict[int, object] = {}
+        self.stash: dict[int, list] = {}
+        self.failed: list = []  # ops whose error has not been raised yet
+        self.coll = None  # (global ranks, group key, seq, signature) while inside a collective
+
+    def _slot(self, src, dst, i):
+        off = self.layout.slot(src, dst, i)
+        return off, self.buf[off + HDR_BYTES : off + HDR_BYTES + self.slot_bytes]
+
+    # -- posting ---------------------------------------------------------------------------
+    def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send") -> SendOp:
+        """Queue ``arr`` (C-contiguous) for ``dst``; the message is ready at simulated time ``ready``."""
+        flat = arr.reshape(-1)
+        op = SendOp(dst, tag, flat.view(np.uint8), arr.nbytes, arr.dtype, arr.shape, sig, name)
+        op.start, op.end = self.clock.message(dst, op.nbytes, ready)
+        op.msg = self.msgs_out[dst]
+        self.msgs_out[dst] += 1
+        q = self.send_q.get(dst)
+        if q is None:
+            q = self.send_q[dst] = deque()
+        q.append(op)
+        self._push(dst, q)
+        return op
+
+    def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
+              name: str = "recv") -> RecvOp:
+        """Post a receive into ``arr`` (C-contiguous, writable); with ``ufunc`` reduce into it instead."""
+        op = RecvOp(src, tag, arr, ufunc, sig, name, ready)
+        st = self.stash.get(src)
+        if st:
+            for i, s in enumerate(st):
+                if s.hdr[0] == tag:
+                    del st[i]
+                    problem = self._check(op, s.hdr, s.sig)
+                    if problem:
+                        self._fail(op, problem)
+                    else:
+                        op.consume(s.data)
+                        self._complete(op, s.hdr)
+                    return op
+        q = self.recv_q.get(src)
+        if q is None:
+            q = self.recv_q[src] = []
+        q.append(op)
+        self._pull(src)
+        return op
+
+    # -- progress --------------------------------------------------------------------------
+    def _push(self, dst: int, q: deque) -> bool:
+        ctrl = self.out_ctrl[dst]
+        if ctrl[C_NACK]:
+            self._nacked(dst, q)
+        tail = int(ctrl[C_TAIL])
+        head = self.head[dst]
+        nslots, sb = self.nslots, self.slot_bytes
+        slots = self.out_slots[dst]
+        wrote = False
+        for op in q:
+            if op.written:
+                continue
+            while head - tail < nslots:
+                hoff, payload = slots[head % nslots]
+                if op.chunks == 0:
+                    shape = op.shape if len(op.shape) <= 8 else op.shape[:8]
+                    sig = op.sig[:SIG_MAX]
+                    HEADER.pack_into(self.mv, hoff, op.tag, op.nbytes, op.start, op.end, op.msg, len(op.shape),
+                                     *shape, *(0,) * (8 - len(shape)), op.dtype.str.encode(), len(sig))
+                    if sig:
+                        self.mv[hoff + HEADER.size : hoff + HEADER.size + len(sig)] = sig
+                k = min(sb, op.nbytes - op.off)
+                if k:
+                    payload[:k] = op.data[op.off : op.off + k]
+                    op.off += k
+                op.chunks += 1
+                head += 1
+                ctrl[C_HEAD] = head
+                wrote = True
+                if op.off >= op.nbytes:
+                    op.written = True
+                    op.end_counter = head
+                    break
+            if not op.written:
+                break
+        self.head[dst] = head
+        if wrote:
+            self.bells[dst].release()
+        done = False
+        while q and q[0].written and tail >= q[0].end_counter:
+            q.popleft().done = True
+            done = True
+        if not q:
+            del self.send_q[dst]
+        return wrote or done
+
+    def _pull(self, src: int) -> bool:
+        ctrl = self.in_ctrl[src]
+        head = int(ctrl[C_HEAD])
+        tail = self.tail[src]
+        if tail >= head:
+            return False
+        slots, nslots = self.in_slots[src], self.nslots
+        moved = False
+        while tail < head:
+            hoff, payload = slots[tail % nslots]
+            cur = self.cur_in.get(src)
+            if cur is None:
+                q = self.recv_q.get(src)
+                if not q:
+                    break  # nobody here wants a message from src yet: leave it in the channel
+                hdr = HEADER.unpack_from(self.mv, hoff)
+                tag, siglen = hdr[0], hdr[-1]
+                sig = bytes(self.mv[hoff + HEADER.size : hoff + HEADER.size + siglen]) if siglen else b""
+                for i, op in enumerate(q):
+                    if op.tag == tag:
+                        del q[i]
+                        if not q:
+                            del self.recv_q[src]
+                        problem = self._check(op, hdr, sig, ctrl)
+                        if problem:
+                            self._fail(op, problem)
+                            cur = _Discard(hdr)
+                        else:
+                            op.hdr = hdr
+                            cur = op
+                        break
+                else:
+                    cur = _Stash(hdr, sig)
+                self.cur_in[src] = cur
+            k = min(self.slot_bytes, cur.nbytes - cur.off)
+            cur.consume(payload[:k])
+            tail += 1
+            moved = True
+            if cur.off >= cur.nbytes:
+                del self.cur_in[src]
+                if isinstance(cur, _Discard):
+                    pass
+                elif isinstance(cur, _Stash):
+                    self.stash.setdefault(src, []).append(cur)
+                else:
+                    self._complete(cur, cur.hdr)
+        self.tail[src] = tail
+        ctrl[C_TAIL] = tail
+        if moved:
+            self.bells[src].release()
+        return moved
+
+    def _complete(self, op: RecvOp, hdr) -> None:
+        arrival = hdr[3]
+        op.end = arrival if arrival > op.post else op.post
+        op.done = True
+
+    def _check(self, op: RecvOp, hdr, sig, ctrl=None) -> str | None:
+        """Refuse a message that does not fit the posted receive (and tell its sender): return the problem."""
+        tag, nbytes, _, _, msg, ndim = hdr[:6]
+        dtype = np.dtype(hdr[14].rstrip(b"\0").decode())
+        problem = None
+        if sig != op.sig:
+            theirs = sig.decode(errors="replace") or "a point-to-point send"
+            mine = op.sig.decode(errors="replace") or "a point-to-point recv"
+            problem = (f"ranks disagree about a collective call: rank {op.peer} called {theirs}; "
+                       f"rank {self.rank} called {mine}")
+        elif dtype != op.flat.dtype or nbytes != op.nbytes:
+            shape = tuple(hdr[6 : 6 + min(ndim, 8)])
+            problem = (f"{op.name}: message from rank {op.peer} to rank {self.rank} (tag {tag}) does not fit: "
+                       f"rank {op.peer} sent {_fmt(shape, dtype)} ({nbytes} bytes) but rank {self.rank} "
+                       f"receives into {_fmt(op.buf.shape, op.buf.dtype)} ({op.nbytes} bytes)")
+        if problem is None:
+            return None
+        if ctrl is not None:  # tell the sender, who is waiting for this message to be taken
+            data = problem.encode()[: shm.CTRL_BYTES - C_NACK_OFF]
+            base = self.layout.channel(op.peer, self.rank)
+            self.buf[base + C_NACK_OFF : base + C_NACK_OFF + len(data)] = np.frombuffer(data, np.uint8)
+            ctrl[C_NACKLEN] = len(data)
+            ctrl[C_NACK] = msg + 1
+            self.bells[op.peer].release()
+        return problem
+
+    def _nacked(self, dst: int, q) -> None:
+        """The receiver refused message ``nack - 1``: fail that send (it still streams out, to be dropped)."""
+        ctrl = self.out_ctrl[dst]
+        msg, n = int(ctrl[C_NACK]) - 1, int(ctrl[C_NACKLEN])
+        base = self.layout.channel(self.rank, dst)
+        text = bytes(self.buf[base + C_NACK_OFF : base + C_NACK_OFF + n]).decode(errors="replace")
+        ctrl[C_NACK] = 0
+        for op in q:
+            if op.msg == msg:
+                self._fail(op, text)
+
+    def _fail(self, op, problem: str) -> None:
+        op.error = problem
+        self.failed.append(op)
+        if isinstance(op, RecvOp):
+            op.done = True
+
+    def progress(self) -> bool:
+        """One non-blocking pass over every pending send and receive; True if anything moved."""
+        moved = False
+        if self.send_q:
+            for dst, q in list(self.send_q.items()):
+                moved |= self._push(dst, q)
+        for src in set(self.recv_q) | set(self.cur_in):
+            moved |= self._pull(src)
+        return moved
+
+    def pending(self) -> bool:
+        return bool(self.send_q or self.recv_q or self.cur_in)
+
+    # -- waiting ---------------------------------------------------------------------------
+    def wait(self, ops, timeout: float | None = None) -> None:
+        """Block (on the doorbell, not spinning) until every op in ``ops`` is done."""
+        for op in ops:
+            if not op.done:
+                break
+        else:
+            if self.failed:
+                self._raise_failed(ops)
+            return
+        timeout = self.timeout if timeout is None else timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        blocked = False
+        try:
+            while True:
+                self.progress()
+                if self.failed:
+                    self._raise_failed(ops)
+                if all(op.done for op in ops):
+                    return
+                self._check_peers(ops)
+                now = time.monotonic()
+                if now >= deadline:
+                    raise CommTimeoutError(self._report(ops, now - t0))
+                if not blocked:
+                    blocked = True
+                    self.board.set_state(self.rank, shm.WAITING, time.time(), self._what(ops))
+                if self.bell.acquire(True, min(deadline - now, 0.25)):
+                    while self.bell.acquire(False):
+                        pass
+        finally:
+            if blocked:
+                self.board.set_state(self.rank, shm.RUNNING)
+
+    def _raise_failed(self, ops) -> None:
+        for op in ops:
+            if op.error is not None and op in self.failed:
+                self.failed.remove(op)
+                raise MismatchError(op.error)
+
+    def _what(self, ops) -> str:
+        waiting = [op.describe() for op in ops if not op.done]
+        return ", ".join(waiting[:4]) + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
+
+    def _check_peers(self, ops) -> None:
+        """Turn a wait that can never end into an error: another rank failed, finished or disagrees."""
+        msg = self.board.aborted()
+        if msg is not None:
+            raise RankAborted(f"rank {self.rank} stopped because {msg}")
+        for op in ops:
+            if op.done:
+                continue
+            st = self.board.state(op.peer)
+            if st in (shm.FINISHED, shm.FAILED):
+                if self.progress() and op.done:  # its last words may have arrived meanwhile
+                    continue
+                raise PeerExitedError(
+                    f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
+                    f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
+                )
+        if self.coll is not None:
+            ranks, key, seq, sig = self.coll
+            for r in ranks:
+                c = self.board.call(r)
+                if c is not None and c[0] == key and c[1] == seq and c[2] != sig:
+                    raise MismatchError(
+                        f"ranks disagree about a collective call: rank {r} called {c[2].decode(errors='replace')}; "
+                        f"rank {self.rank} called {sig.decode(errors='replace')}"
+                    )
+
+    def _report(self, ops, waited: float) -> str:
+        lines = [f"rank {self.rank} waited {waited:.1f} s in {self._what(ops)}"]
+        now = time.time()
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            st, since, desc = self.board.describe(r)
+            if st == shm.WAITING:
+                lines.append(f"rank {r} is waiting ({now - since:.1f} s) in {desc}")
+            elif st == shm.RUNNING:
+                lines.append(f"rank {r} is running its own code (not in a communication call)")
+            else:
+                lines.append(f"rank {r} has {shm.STATE_NAMES[st]}")
+        return "; ".join(lines)
+
+    def flush(self) -> None:
+        """Finish every pending send and receive (a rank's function returned with work in flight)."""
+        ops = [op for q in self.send_q.values() for op in q]
+        ops += [op for q in self.recv_q.values() for op in q]
+        ops += [op for op in self.cur_in.values() if not isinstance(op, _Stash)]
+        if self.failed:
+            self._raise_failed(list(self.failed))
+        if ops:
+            self.wait(ops)
+
+    def ring_all(self) -> None:
+        for r, b in enumerate(self.bells):
+            if r != self.rank:
+                b.release()

@@ -1,0 +1,244 @@
+"""launch(): results, printed output, fork and spawn, failures that answer instead of hanging (issue 3)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import minidist.dist as dist
+from minidist.hardware.cluster import Cluster
+from minidist.runtime import RankError, launch
+
+
+def _shm_entries():
+    return sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
+
+
+def _children():
+    """Live child processes of this process (from /proc, independent of any bookkeeping)."""
+    pid = os.getpid()
+    kids = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids |= {int(k) for k in f.read().split()}
+        except OSError:
+            pass
+    alive = set()
+    for k in kids:
+        try:
+            with open(f"/proc/{k}/stat") as f:
+                zombie = f.read().split(") ")[1][0] == "Z"
+            with open(f"/proc/{k}/cmdline", "rb") as f:
+                helper = b"resource_tracker" in f.read()  # multiprocess's one long-lived helper, not a rank
+        except OSError:
+            continue
+        if not zombie and not helper:
+            alive.add(k)
+    return alive
+
+
+@pytest.fixture
+def no_leaks():
+    before_shm, before_kids = _shm_entries(), _children()
+    yield
+    time.sleep(0.05)
+    assert _shm_entries() == before_shm, "a shared-memory segment or semaphore was left behind"
+    assert _children() <= before_kids, "a rank process was left behind"
+
+
+def _identity(x, scale=1):
+    return dist.get_rank() * scale + x, dist.get_world_size()
+
+
+def test_results_in_rank_order_with_args_and_kwargs(no_leaks):
+    res = launch(_identity, 4, args=(10,), kwargs={"scale": 100})
+    assert list(res) == [(10, 4), (110, 4), (210, 4), (310, 4)]
+    assert len(res) == 4 and res[2] == (210, 4)
+    assert res.times == [0.0] * 4 and len(res.memory) == 4 and len(res.stdout) == 4
+
+
+def test_world_size_one():
+    res = launch(lambda: (dist.get_rank(), dist.get_world_size()), 1)
+    assert list(res) == [(0, 1)]
+
+
+def test_closures_and_lambdas_run_on_ranks():
+    offset = 41
+
+    def inner():
+        return dist.get_rank() + offset
+
+    assert list(launch(inner, 2)) == [41, 42]
+
+
+def test_output_is_grouped_by_rank(capsys):
+    def chatty():
+        for i in range(3):
+            print(f"line {i} of rank {dist.get_rank()}")
+            time.sleep(0.001)
+
+    res = launch(chatty, 3)
+    out = capsys.readouterr().out.strip().split("\n")
+    assert out == [f"[rank {r}] line {i} of rank {r}" for r in range(3) for i in range(3)]
+    assert res.stdout[1] == "line 0 of rank 1\nline 1 of rank 1\nline 2 of rank 1\n"
+
+
+def _spawn_body(n):
+    r = dist.get_rank()
+    x = np.full(n, r, np.float32)
+    y = np.empty_like(x)
+    wr = dist.irecv(y, (r - 1) % dist.get_world_size())
+    dist.send(x, (r + 1) % dist.get_world_size())
+    wr.wait()
+    return float(y.sum())
+
+
+def test_spawn_start_method(no_leaks):
+    res = launch(_spawn_body, 2, args=(1000,), start_method="spawn")
+    assert list(res) == [1000.0, 0.0]
+
+
+def test_notebook_style_function_under_spawn(no_leaks):
+    # a function built from source in a fresh __main__-like namespace is pickled by value (dill)
+    ns = {"__name__": "__main__"}
+    exec("import minidist.dist as dist\ndef f(k):\n    return dist.get_rank() * k\n", ns)
+    assert list(launch(ns["f"], 2, args=(3,), start_method="spawn")) == [0, 3]
+
+
+def test_exception_reaches_caller_with_traceback(no_leaks):
+    def f():
+        if dist.get_rank() == 2:
+            raise KeyError("bad key on purpose")
+        dist.recv(np.zeros(1), 2)  # the others would wait forever without the abort
+
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(f, 4, timeout=30)
+    assert time.monotonic() - t0 < 10
+    e = info.value
+    assert e.rank == 2 and isinstance(e.exc, KeyError)
+    msg = str(e)
+    assert "rank 2 failed with KeyError" in msg and "bad key on purpose" in msg
+    assert "traceback of rank 2" in msg and "in f" in msg
+    assert set(e.errors) == {0, 1, 2, 3}
+
+
+def test_deadlock_times_out_with_who_waits_for_whom(no_leaks):
+    def f():
+        r = dist.get_rank()
+        if r == 3:
+            time.sleep(20)  # never arrives
+        elif r in (0, 1):
+            dist.recv(np.zeros(1), 3)
+
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(f, 4, timeout=1.0)
+    assert time.monotonic() - t0 < 8
+    msg = str(info.value)
+    assert "waited 1.0 s in recv(src=3, tag=0)" in msg
+    assert "rank 3 is running its own code" in msg
+    assert "rank 2 has finished" in msg
+
+
+def test_rank_that_dies_is_reported(no_leaks):
+    def f():
+        if dist.get_rank() == 1:
+            os._exit(3)
+        dist.recv(np.zeros(1), 1)
+
+    with pytest.raises(RankError, match="rank 1 exited without reporting"):
+        launch(f, 2, timeout=30)
+
+
+def test_unpicklable_return_value_is_an_error():
+    def f():
+        return (lambda: 1) if False else _Unpicklable()
+
+    with pytest.raises(RankError, match="cannot be pickled"):
+        launch(f, 1)
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("nope")
+
+
+def test_dist_outside_launch_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="inside a function run by md.launch"):
+        dist.get_rank()
+
+
+def test_launch_and_barrier_of_eight_ranks_is_fast():
+    def f():
+        dist.barrier()
+        return dist.get_rank()
+
+    launch(f, 8)  # warm
+    t0 = time.perf_counter()
+    assert list(launch(f, 8)) == list(range(8))
+    assert time.perf_counter() - t0 < 5.0  # generous: the target (< 1 s) is checked in the benchmark
+
+
+def test_blas_is_limited_to_one_thread_in_ranks():
+    def f():
+        import ctypes
+
+        with open("/proc/self/maps") as fh:
+            libs = {line.split()[-1] for line in fh if "openblas" in line.lower() and "/" in line}
+        for lib in libs:
+            for sym in ("openblas_get_num_threads", "scipy_openblas_get_num_threads64_"):
+                fn = getattr(ctypes.CDLL(lib), sym, None)
+                if fn is not None:
+                    return fn()
+        return 1
+
+    assert list(launch(f, 2)) == [1, 1]
+
+
+SCRIPT = """
+import os, sys, time
+import numpy as np
+import minidist.dist as dist
+from minidist.runtime import launch
+
+def f(path):
+    with open(path + f".{dist.get_rank()}", "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(60)
+
+if __name__ == "__main__":
+    launch(f, 3, args=(sys.argv[1],), start_method=sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_keyboard_interrupt_tears_everything_down(tmp_path, method):
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    before = _shm_entries()
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid"), method],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("pid.*"))) < 3:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert b"KeyboardInterrupt" in err
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid.*")]
+    time.sleep(0.2)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+    assert _shm_entries() == before
+
+
+def test_cluster_too_small_is_rejected():
+    with pytest.raises(ValueError, match="does not fit"):
+        launch(lambda: 0, 3, cluster=Cluster.dgx_h100(nodes=1).__class__("H100-80GB-SXM", 1, nodes=2))
