@@ -58,3 +58,50 @@ def test_accumulation_steps():
     _rejects(md.labs.check_accumulation_steps, 1, compute_ms=100, comm_ms=200, match="still longer")
     _rejects(md.labs.check_accumulation_steps, 3, compute_ms=100, comm_ms=200, match="smallest")
     _rejects(md.labs.check_accumulation_steps, 1.5, compute_ms=100, comm_ms=200, match="whole")
+
+
+# --- lab 04: scaling laws ------------------------------------------------------------------------
+
+def test_power_law_fit_check():
+    import numpy as np
+
+    def good(N, L):
+        best = None
+        for l_inf in np.linspace(0.0, L.min() - 1e-4, 2000):
+            slope, icpt = np.polyfit(np.log(N), np.log(L - l_inf), 1)
+            err = np.sum((np.exp(icpt) / N**-slope + l_inf - L) ** 2)
+            if best is None or err < best[0]:
+                best = (err, np.exp(icpt), -slope, l_inf)
+        return best[1:]
+
+    def no_floor(N, L):
+        slope, icpt = np.polyfit(np.log(N), np.log(L), 1)
+        return np.exp(icpt), -slope, 0.0
+
+    md.labs.check_power_law_fit(good)
+    _rejects(md.labs.check_power_law_fit, no_floor, match="L - L_inf")
+
+
+def test_compute_optimal_check():
+    def good(C, A=406.4, a=0.34, B=410.7, b=0.28):
+        G = (a * A / (b * B)) ** (1 / (a + b))
+        return G * (C / 6) ** (b / (a + b)), (C / 6) ** (a / (a + b)) / G
+
+    def swapped(C, A=406.4, a=0.34, B=410.7, b=0.28):
+        G = (a * A / (b * B)) ** (1 / (a + b))
+        return G * (C / 6) ** (a / (a + b)), (C / 6) ** (b / (a + b)) / G
+
+    md.labs.check_compute_optimal(good)
+    _rejects(md.labs.check_compute_optimal, swapped)
+    _rejects(md.labs.check_compute_optimal, lambda C: ((C / 120) ** 0.5, 20 * (C / 120) ** 0.5),
+             match="not at the optimum")
+
+
+def test_noise_scale_check():
+    def good(bs, ss, bb, sb):
+        tr = (ss - sb) / (1 / bs - 1 / bb)
+        g2 = sb - tr / bb
+        return g2, tr, tr / g2
+
+    md.labs.check_noise_scale(good)
+    _rejects(md.labs.check_noise_scale, lambda bs, ss, bb, sb: (sb, ss - sb, (ss - sb) / sb))

@@ -11,6 +11,7 @@ from minidist.labs.roofline_checks import (
     check_dp_network_intensity,
     check_matmul_intensity,
 )
+from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
 
 __all__ = ["CheckFailed", "check_accumulation_steps", "check_attainable", "check_dp_network_intensity",
-           "check_matmul_intensity"]
+           "check_matmul_intensity", "check_compute_optimal", "check_noise_scale", "check_power_law_fit"]
