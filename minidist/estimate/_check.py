@@ -28,7 +28,8 @@ def fraction(fn: str, name: str, value: float, *, open_low: bool = False) -> flo
 
 def count(fn: str, name: str, value: int, minimum: int = 1) -> int:
     """An integer >= minimum (floats equal to an integer are accepted)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+    bad = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad or not math.isfinite(value) or value != int(value) or value < minimum:
         raise ValueError(f"{fn}: {name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
