@@ -105,3 +105,22 @@ def test_cli_reports_bad_names(capsys):
     assert main(["plan", "--model", "llama5", "--gpus", "8"]) == 2
     assert "unknown name 'llama5'" in capsys.readouterr().err
     assert main(["models"]) == 0
+
+
+def test_partial_recompute_uses_the_fewest_layers_that_fit(llama405):
+    m, c = E.model("llama3_405b"), E.cluster("dgx-h100")
+    partial = [e for e in llama405 if e.layout.recompute_layers is not None]
+    assert partial
+    for e in partial:
+        k = e.layout.recompute_layers
+        assert 1 <= k < -(-m.layers // e.layout.pp)
+        fewer = E.estimate_layout(m, c, dataclasses.replace(e.layout, recompute_layers=k - 1), e.global_batch,
+                                  e.seq_len, E.CALIBRATED)
+        assert not fewer.fits and fewer.step_time < e.step_time
+
+
+def test_zero3_overlap_cannot_hide_more_than_the_compute():
+    m, c = E.model("llama3_405b"), E.cluster("dgx-h100")
+    lay = E.Layout(tp=8, dp=2048, zero_stage=3, recompute="full")
+    e = E.estimate_layout(m, c, lay, 2048, 8192, E.CALIBRATED, dp_overlap=1.0)
+    assert e.comm["dp"] > 0  # the weight gathers outlast the compute they overlap with

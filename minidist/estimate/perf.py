@@ -8,22 +8,25 @@ the pipeline bubble, and the DP gradient reduction (hierarchical all-reduce) min
 
 Model, for the slowest (last) pipeline stage and one micro-batch of b sequences (tokens t = b s / cp):
 - FLOPs per layer forward = 2 (active layer weights) t + 4 b (s/cp) s h (attention, non-causal as in
-  Megatron's count), / tp; passes: forward 1 + backward 2 (+1 full recompute; selective recompute and
-  FlashAttention replay only the attention core, and neither stores the s x s scores). The logits
+  Megatron's count), / tp; passes: forward 1 + backward 2, +1 for each fully recomputed layer (all of
+  the stage's, or ``recompute_layers`` of them as in Megatron's --recompute-num-layers); selective
+  recompute and FlashAttention replay only the attention core and never store the s x s scores. The logits
   (2 t h V / tp per pass, never recomputed) sit on the last stage.
 - compute time = FLOPs / (peak x gemm) + passes x overhead_bytes x (t h / tp) x layers / hbm_bw. The
   second term is everything that is not a large GEMM (norms, activations, softmax, launches), modelled
   as HBM traffic proportional to the activation size; it is why small hidden sizes run at low MFU.
   ``gemm`` and ``overhead_bytes`` are the two calibrated constants (see calibration.py).
-- TP: 4 all-reduces of t h 2 bytes per layer (6 with full recompute), ring on NVLink, exposed.
+- TP: 4 all-reduces of t h 2 bytes per layer (6 in a recomputed layer), ring on NVLink, exposed.
 - CP: ring attention passes K,V chunks (cp - 1) times forward and twice that backward; hidden behind
   the attention compute when shorter. EP: 4 all-to-alls of t k h 2 bytes per MoE layer (6 with full
   recompute), exposed. PP: an activation (t h 2 / tp bytes) forward and a gradient back per
   micro-batch and virtual stage, exposed.
 - Pipeline: m t_mb of work spread over busy / (1 - bubble) (``pipeline_bubble``).
 - DP: gradients of the local weights (2 bytes each) reduced with the two-level all-reduce over the
-  dp x cp group (x 1.5 for ZeRO-3), a fraction ``dp_overlap`` hidden behind the backward pass; then a
-  memory-bound optimizer step (36 bytes of HBM traffic per local sharded weight).
+  dp x cp group (x 1.5 m for ZeRO-3, which gathers weights twice and reduce-scatters grads per
+  micro-batch); a fraction ``dp_overlap`` of it hides behind the backward pass (the whole compute for
+  ZeRO-3), never more than that compute; then a memory-bound optimizer step (36 bytes of HBM traffic
+  per local sharded weight).
 Memory per GPU: weights / grads / optimizer by ZeRO stage over dp x cp, activations (Korthikanti) x
 micro-batches in flight (dense coefficients, also for MoE models), buffers (fp32 logits and their
 gradient; ZeRO-3's gathered layer x 2). MFU is the book's 6 Psi tokens / (time P F) with Psi the
@@ -69,6 +72,7 @@ class Layout:
     virtual: int = 1
     sp: bool = True
     flash: bool = True  # FlashAttention: never stores the s x s scores, recomputes them in the backward
+    recompute_layers: int | None = None  # with recompute="full": how many layers per stage (None = all)
 
     @property
     def gpus(self) -> int:
@@ -77,7 +81,12 @@ class Layout:
     def label(self) -> str:
         sched = self.schedule + (f"x{self.virtual}" if self.virtual > 1 else "") if self.pp > 1 else "-"
         return (f"tp{self.tp} cp{self.cp} pp{self.pp} dp{self.dp} ep{self.ep} zero{self.zero_stage} "
-                f"rc={self.recompute or 'none'} mb{self.micro_batch} {sched}")
+                f"rc={self.recompute_label()} mb{self.micro_batch} {sched}")
+
+    def recompute_label(self) -> str:
+        if self.recompute == "full" and self.recompute_layers is not None:
+            return f"full:{self.recompute_layers}"
+        return self.recompute or "none"
 
 
 @dataclass
@@ -133,8 +142,12 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     layer_active = (model.active_params - model.embedding_params) / L
     dense_fwd = 2 * layer_active * t / tp
     attn_fwd = 4 * b * (s / cp) * s * h / tp
-    passes = 4 if layout.recompute == "full" else 3
-    attn_passes = passes + (1 if layout.recompute == "selective" or layout.flash else 0)
+    # r = share of this stage's layers that are fully recomputed (one more forward each)
+    r = 0.0
+    if layout.recompute == "full":
+        r = 1.0 if layout.recompute_layers is None else min(layout.recompute_layers, layers_stage) / layers_stage
+    passes = 3 + r
+    attn_passes = passes + (1.0 if layout.flash else (1 - r) if layout.recompute == "selective" else 0.0)
     layer_flops = dense_fwd * passes + attn_fwd * attn_passes
     logits_flops = 3 * 2 * t * h * V / tp
     stage_flops = layers_stage * layer_flops + logits_flops
@@ -143,7 +156,7 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
 
     # --- communication per micro-batch ---
     act_bytes = t * h * 2
-    n_ar = 6 if layout.recompute == "full" else 4
+    n_ar = 4 + 2 * r
     t_tp = n_ar * layers_stage * collective_time("all_reduce", act_bytes, tp, cluster.intra.alpha,
                                                  cluster.intra.beta) if tp > 1 else 0.0
     t_cp = 0.0
@@ -156,7 +169,7 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     t_ep = 0.0
     if ep > 1:
         link = cluster.link_for(tp * cp * ep)
-        n_a2a = 6 if layout.recompute == "full" else 4
+        n_a2a = 4 + 2 * r
         tokens_bytes = t * model.top_k * h * 2 / (tp if layout.sp else 1)
         t_ep = n_a2a * moe_stage * collective_time("all_to_all", tokens_bytes, ep, link.alpha, link.beta)
     t_pp = 0.0
@@ -172,8 +185,11 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     # --- data-parallel gradient reduction and optimizer ---
     local_params = model.dense_params / (tp * pp) + model.expert_params / (tp * pp * ep)
     shard = dp * cp
-    t_dp = _dp_reduce_time(local_params * 2, shard, tp, cluster) * (1.5 if layout.zero_stage == 3 else 1.0)
-    dp_exposed = t_dp * (1 - dp_overlap)
+    # ZeRO-3 gathers the weights forward and backward and reduce-scatters the grads every micro-batch
+    t_dp = _dp_reduce_time(local_params * 2, shard, tp, cluster) * (1.5 * m if layout.zero_stage == 3 else 1.0)
+    # overlap hides at most the compute it runs under: the backward (2/3), or all of it for ZeRO-3
+    window = m * t_compute * (1.0 if layout.zero_stage == 3 else 2 / 3)
+    dp_exposed = t_dp - min(dp_overlap * t_dp, window)
     t_opt = 36 * local_params / (shard if layout.zero_stage >= 1 else 1) / hbm_bw
 
     step = pipe + dp_exposed + t_opt
@@ -186,7 +202,12 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     inflight = inflight_microbatches(pp, m, layout.schedule, layout.virtual) if pp > 1 else 1
     heads = model.heads
     rc = "selective" if layout.flash and layout.recompute is None else layout.recompute
-    acts = activation_bytes(max(1, round(s / cp)), b, h, heads, layers_stage, tp, layout.sp, rc)
+    s_local = max(1, round(s / cp))
+    acts = activation_bytes(s_local, b, h, heads, layers_stage, tp, layout.sp, rc)
+    if layout.recompute == "full" and r < 1:  # the layers not recomputed keep their full activations
+        kept = activation_bytes(s_local, b, h, heads, layers_stage, tp, layout.sp,
+                                "selective" if layout.flash else None)
+        acts = r * acts + (1 - r) * kept
     buffers = 2 * 4 * t * V / tp
     if layout.zero_stage == 3:
         buffers += 2 * 2 * (layer_active + model.expert_params / max(1, moe_layers or 1) / ep) / tp

@@ -18,6 +18,7 @@ DeepSpeed allow). For each point the fastest ZeRO stage that fits is kept. Memor
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from minidist.estimate._check import choice, count, fraction
 from minidist.estimate.calibration import CALIBRATED
@@ -36,14 +37,16 @@ def plan(model_: ModelConfig | str, cluster_: ClusterSpec | str, gpus: int, glob
          seq_len: int | None = None, *, top: int = 10, zero_stages: tuple[int, ...] = (1, 2, 3),
          recompute: tuple[str | None, ...] = (None, "full"), micro_batches: tuple[int, ...] = (1, 2, 4, 8),
          schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1"), max_cp: int = 16, strict_pp: bool = False,
-         cp_within_node: bool = True,
+         cp_within_node: bool = True, partial_recompute: bool = True,
          efficiency: Efficiency = CALIBRATED, dp_overlap: float = 0.8, dtype: str = "bf16",
          hbm_usable: float = 0.9) -> list[Estimate]:
     """Layouts for ``model`` on ``gpus`` GPUs of ``cluster``, fastest first (at most ``top``).
 
     ``global_batch`` is in sequences of ``seq_len`` tokens (defaults: the model's published batch and
-    context). Each result carries memory per GPU by category, the step split into compute / exposed
-    communication / bubble, and MFU. Raises ValueError when nothing fits or an argument is invalid.
+    context). With ``partial_recompute`` a "full" recompute point uses the fewest fully recomputed
+    layers per stage that fit (Megatron's --recompute-num-layers). Each result carries memory per GPU
+    by category, the step split into compute / exposed communication / bubble, and MFU. Raises
+    ValueError when nothing fits or an argument is invalid.
     """
     fn = "plan"
     mdl = model(model_) if isinstance(model_, str) else model_
@@ -96,9 +99,9 @@ def plan(model_: ModelConfig | str, cluster_: ClusterSpec | str, gpus: int, glob
                                         continue
                                     lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=z, recompute=rc,
                                                  micro_batch=mb, schedule=sched, virtual=v, sp=tp > 1)
-                                    est = estimate_layout(mdl, cl, lay, gb, s, efficiency, dp_overlap=dp_overlap,
-                                                          dtype=dtype, hbm_usable=hbm_usable)
-                                    if est.fits and (best is None or est.step_time < best.step_time):
+                                    est = _fastest_fit(mdl, cl, lay, gb, s, efficiency, dp_overlap, dtype,
+                                                       hbm_usable, partial_recompute)
+                                    if est is not None and (best is None or est.step_time < best.step_time):
                                         best = est
                                 if best is not None:
                                     results.append(best)
@@ -107,6 +110,30 @@ def plan(model_: ModelConfig | str, cluster_: ClusterSpec | str, gpus: int, glob
                          f"seq_len={s}")
     results.sort(key=lambda e: e.step_time)
     return results[:top]
+
+
+def _fastest_fit(mdl, cl, lay, gb, s, efficiency, dp_overlap, dtype, hbm_usable, partial):
+    """The layout's estimate if it fits; for full recompute, the fewest recomputed layers per stage that fit
+    (time grows and memory shrinks with each recomputed layer, so the first fit is the fastest)."""
+    def run(x):
+        return estimate_layout(mdl, cl, x, gb, s, efficiency, dp_overlap=dp_overlap, dtype=dtype,
+                               hbm_usable=hbm_usable)
+
+    if lay.recompute != "full" or not partial:
+        est = run(lay)
+        return est if est.fits else None
+    per_stage = math.ceil(mdl.layers / lay.pp)
+    full = run(lay)
+    if not full.fits:
+        return None
+    lo, hi = 0, per_stage  # invariant: recomputing hi layers fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(replace(lay, recompute_layers=mid)).fits:
+            hi = mid
+        else:
+            lo = mid
+    return full if hi == per_stage else run(replace(lay, recompute_layers=hi))
 
 
 def _schedules(pp: int, m: int, layers_per_stage: int, allowed: tuple[str, ...]):
@@ -134,7 +161,7 @@ def format_table(estimates: list[Estimate], title: str = "") -> str:
         x, mem = e.layout, {k: v / 1e9 for k, v in e.memory.items()}
         sched = (x.schedule + (f" v{x.virtual}" if x.virtual > 1 else "")) if x.pp > 1 else "-"
         lines.append(
-            f"{i:>2} {x.tp:>2} {x.cp:>2} {x.pp:>3} {x.dp:>5} {x.ep:>3} {x.zero_stage:>1} {x.recompute or 'none':>9} "
+            f"{i:>2} {x.tp:>2} {x.cp:>2} {x.pp:>3} {x.dp:>5} {x.ep:>3} {x.zero_stage:>1} {x.recompute_label():>9} "
             f"{x.micro_batch:>2} {sched:>13} {e.microbatches:>4} | {mem['params']:>5.1f} {mem['grads']:>5.1f} "
             f"{mem['optimizer']:>5.1f} {mem['activations']:>5.1f} {mem['buffers']:>4.1f} {mem['total']:>5.1f}    | "
             f"{e.step_time:>6.2f} {e.compute:>6.2f} {e.exposed_comm:>6.2f} {e.bubble:>6.2f}   | {e.mfu:>5.1%}")
