@@ -24,9 +24,9 @@ def get_batch(tokens: np.ndarray, batch_size: int, seq_len: int,
     if len(tokens) < seq_len + 1:
         raise ValueError(f"get_batch: need at least seq_len + 1 = {seq_len + 1} tokens, got {len(tokens)}")
     starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
-    # A (B, T+1) gather, then two views: x and y share the window.
     window = tokens[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64, copy=False)
-    return window[:, :-1], window[:, 1:]
+    # Contiguous copies, so a batch can be sent or sliced per rank without surprises.
+    return np.ascontiguousarray(window[:, :-1]), np.ascontiguousarray(window[:, 1:])
 
 
 def batches(tokens: np.ndarray, batch_size: int, seq_len: int, seed: int = 0,

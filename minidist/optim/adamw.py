@@ -27,14 +27,20 @@ def adamw_update_(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndar
     """One AdamW step on arrays, in place on ``param``, ``m`` and ``v``; ``step`` counts from 1."""
     if weight_decay:
         param *= 1.0 - lr * weight_decay
+    # In-place updates with one scratch array: the optimizer step is pure memory traffic.
     m *= beta1
-    m += (1.0 - beta1) * grad
+    tmp = np.multiply(grad, 1.0 - beta1, dtype=param.dtype)
+    m += tmp
     v *= beta2
-    v += (1.0 - beta2) * (grad * grad)
-    denom = np.sqrt(v)
-    denom /= math.sqrt(1.0 - beta2**step)
-    denom += eps
-    param -= (lr / (1.0 - beta1**step)) * (m / denom)
+    np.multiply(grad, grad, out=tmp)
+    tmp *= 1.0 - beta2
+    v += tmp
+    np.sqrt(v, out=tmp)
+    tmp /= math.sqrt(1.0 - beta2**step)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= lr / (1.0 - beta1**step)
+    param -= tmp
 
 
 class AdamW(Optimizer):
