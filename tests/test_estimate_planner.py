@@ -91,6 +91,7 @@ def test_metas_layout_against_our_model():
      ({"gpus": 64, "zero_stages": (5,)}, "zero_stages"), ({"gpus": 64, "schedules": ("zigzag",)}, "schedules")],
 )
 def test_plan_bad_input(kwargs, arg):
+    """Bad arguments name themselves."""
     with pytest.raises(ValueError, match=arg):
         E.plan("llama3_8b", "dgx-h100", **kwargs)
 
@@ -121,6 +122,11 @@ def test_partial_recompute_uses_the_fewest_layers_that_fit(llama405):
 
 def test_zero3_overlap_cannot_hide_more_than_the_compute():
     m, c = E.model("llama3_405b"), E.cluster("dgx-h100")
-    lay = E.Layout(tp=4, dp=4096, zero_stage=3, recompute="full")
+    lay = E.Layout(tp=4, cp=2, dp=2048, zero_stage=3)
     e = E.estimate_layout(m, c, lay, 2048, 8192, E.CALIBRATED, dp_overlap=1.0)
     assert e.comm["dp"] > 0  # the weight gathers outlast the compute they overlap with
+
+
+def test_estimate_layout_rejects_a_batch_the_layout_cannot_split():
+    with pytest.raises(ValueError, match="global_batch"):
+        E.estimate_layout(E.model("llama3_8b"), E.cluster("dgx-h100"), E.Layout(dp=64), 32, 8192, E.CALIBRATED)

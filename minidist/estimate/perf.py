@@ -127,11 +127,15 @@ def _dp_reduce_time(nbytes: float, group: int, tp: int, cluster: ClusterSpec) ->
 def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, global_batch: int, seq_len: int,
                     efficiency: Efficiency, *, dp_overlap: float = 0.8, dtype: str = "bf16",
                     hbm_usable: float = 0.9) -> Estimate:
-    """Predict one layout (no validation of divisibility here: the planner filters first)."""
+    """Predict one layout. Checks only that the batch splits into whole micro-batches; the planner applies
+    the other filters (divisibility of heads and layers, memory)."""
     L, h, V, s = model.layers, model.hidden, model.vocab, seq_len
     tp, pp, dp, cp, ep, b = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.micro_batch
     g = cluster.gpu
     peak, hbm_bw = g.peak(dtype), g.hbm_bw
+    if global_batch < 1 or global_batch % (dp * b):
+        raise ValueError(f"estimate_layout: global_batch={global_batch} must be a positive multiple of dp x "
+                         f"micro_batch = {dp * b}")
     m = global_batch // (dp * b)
     layers_stage = math.ceil(L / pp)
     moe_layers = (model.moe_layers or L) if model.is_moe else 0
