@@ -5,6 +5,7 @@ import pytest
 
 import minidist as md
 from minidist import nn
+from tests.gradcheck import gradcheck
 
 F64 = "float64"
 
@@ -54,7 +55,8 @@ def lin(m, x):
 
 
 def numeric_gradcheck(loss_fn, tensors, n_entries=6, h=1e-6, rtol=1e-5, atol=1e-8, seed=0):
-    """Compare the autograd gradient of loss_fn() with central differences at a few entries of each tensor."""
+    """Compare the autograd gradient of a scalar loss_fn() with central differences at a few sampled
+    entries of each tensor (for models too big for tests.gradcheck's every-element check)."""
     for t in tensors:
         t.grad = None
     loss_fn().backward()
@@ -75,9 +77,9 @@ def numeric_gradcheck(loss_fn, tensors, n_entries=6, h=1e-6, rtol=1e-5, atol=1e-
                 f"entry {i} of a {t.shape} tensor: numeric {num}, analytic {analytic.reshape(-1)[i]}")
 
 
-def weighted_sum(y, seed=1):
-    r = np.random.default_rng(seed).standard_normal(y.shape)
-    return (y * md.tensor(r)).sum()
+def module_gradcheck(m, x):
+    """Every element of the input and of every parameter against central differences (tests/gradcheck.py)."""
+    gradcheck(lambda x, *params: m(x), x, *m.parameters())
 
 
 def x64(*shape, seed=2):
@@ -92,7 +94,7 @@ def test_linear_forward_layout_and_grad():
     assert m.weight.shape == (5, 3) and m.bias.shape == (3,)
     x = x64(2, 4, 5)
     np.testing.assert_allclose(m(x).data, x.data @ m.weight.data + m.bias.data, rtol=1e-12)
-    numeric_gradcheck(lambda: weighted_sum(m(x)), [m.weight, m.bias, x])
+    module_gradcheck(m, x)
     nb = nn.Linear(5, 3, bias=False, rng=0)
     assert nb.bias is None and [n for n, _ in nb.named_parameters()] == ["weight"]
     with pytest.raises(ValueError, match="in_features=5"):
@@ -103,7 +105,7 @@ def test_embedding_forward_and_grad():
     m = nn.Embedding(7, 4, rng=0, dtype=F64)
     ids = np.array([[1, 3, 3], [6, 0, 1]])
     np.testing.assert_array_equal(m(ids).data, m.weight.data[ids])
-    numeric_gradcheck(lambda: weighted_sum(m(ids)), [m.weight])
+    gradcheck(lambda w: m(ids), m.weight)
     with pytest.raises(IndexError, match=r"\[0, 7\)"):
         m(np.array([[7]]))
 
@@ -118,7 +120,7 @@ def test_layernorm_forward_and_grad(bias):
     x = x64(3, 6)
     np.testing.assert_allclose(m(x).data, layer_norm(x.data, m.weight.data, m.bias.data if bias else None),
                                rtol=1e-10, atol=1e-12)
-    numeric_gradcheck(lambda: weighted_sum(m(x)), [x] + m.parameters())
+    module_gradcheck(m, x)
 
 
 def test_rmsnorm_forward_and_grad():
@@ -126,7 +128,7 @@ def test_rmsnorm_forward_and_grad():
     m.weight.data[:] = np.random.default_rng(3).standard_normal(6)
     x = x64(2, 3, 6)
     np.testing.assert_allclose(m(x).data, rms_norm(x.data, m.weight.data), rtol=1e-10)
-    numeric_gradcheck(lambda: weighted_sum(m(x)), [x, m.weight])
+    module_gradcheck(m, x)
 
 
 @pytest.mark.parametrize("kind", ["gelu", "swiglu"])
@@ -138,7 +140,7 @@ def test_mlp_forward_and_grad(kind):
     else:
         expected = lin(m.w_down, silu(lin(m.w_gate, x.data)) * lin(m.w_up, x.data))
     np.testing.assert_allclose(m(x).data, expected, rtol=1e-10)
-    numeric_gradcheck(lambda: weighted_sum(m(x)), [x] + m.parameters(), n_entries=4)
+    module_gradcheck(m, x)
     with pytest.raises(ValueError, match="kind"):
         nn.MLP(4, 8, "relu")
 
@@ -149,7 +151,7 @@ def test_attention_forward_and_grad(n_heads, n_kv):
     assert m.wk.weight.shape == (8, 8 // n_heads * n_kv)
     x = x64(2, 5, 8)
     np.testing.assert_allclose(m(x).data, attention_ref(m, x.data), rtol=1e-10, atol=1e-12)
-    numeric_gradcheck(lambda: weighted_sum(m(x)), [x] + m.parameters(), n_entries=4)
+    module_gradcheck(m, x)
 
 
 def test_attention_is_causal():
@@ -191,7 +193,7 @@ def test_block_forward_and_grad(mlp, norm):
     h = x.data + attention_ref(b.attn, norm_ref(b.ln1, x.data))
     expected = h + ff(norm_ref(b.ln2, h))
     np.testing.assert_allclose(b(x).data, expected, rtol=1e-9, atol=1e-11)
-    numeric_gradcheck(lambda: weighted_sum(b(x)), [x] + b.parameters(), n_entries=2)
+    module_gradcheck(b, x)
 
 
 def test_dropout_train_and_eval():
