@@ -9,6 +9,7 @@ checked against central differences in ``tests/test_autograd_functional.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -112,22 +113,37 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     xd = x.data
     c = xd.shape[-1]
     xhat = xd - xd.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt((xhat * xhat).mean(axis=-1, keepdims=True) + eps)
+    sq = xhat * xhat
+    rstd = sq.mean(axis=-1, keepdims=True)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.divide(1.0, rstd, out=rstd)
     xhat *= rstd
-    y = xhat * weight.data if weight is not None else xhat.copy()
+    if weight is not None:
+        y = np.multiply(xhat, weight.data, out=sq)
+    else:
+        y = xhat.copy()
     if bias is not None:
         y += bias.data
     _charge("layer_norm", 8 * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
         _charge("layer_norm.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
-        gw = (g * xhat).reshape(-1, c).sum(axis=0) if _needs(weight) else None
         gb = g.reshape(-1, c).sum(axis=0) if _needs(bias) else None
+        a = g * xhat
+        gw = a.reshape(-1, c).sum(axis=0) if _needs(weight) else None
         gx = None
         if x.requires_grad:
-            gxhat = g * weight.data if weight is not None else g
-            gx = gxhat - gxhat.mean(axis=-1, keepdims=True)
-            gx -= xhat * (gxhat * xhat).mean(axis=-1, keepdims=True)
+            # gx = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)), gxhat = g * w
+            if weight is not None:
+                a *= weight.data
+                gx = g * weight.data
+            else:
+                gx = g.copy()
+            m2 = a.mean(axis=-1, keepdims=True)
+            gx -= gx.mean(axis=-1, keepdims=True)
+            np.multiply(xhat, m2, out=a)
+            gx -= a
             gx *= rstd
         return gx, gw, gb
 
@@ -161,6 +177,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
 
 # ---------------------------------------------------------------------------- activations
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -172,9 +189,16 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     x = as_tensor(x)
     xd = x.data
     if approximate == "tanh":
-        x2 = xd * xd
-        t = np.tanh(_SQRT_2_OVER_PI * xd * (1 + 0.044715 * x2))
-        y = 0.5 * xd * (1 + t)
+        # t = tanh(c (x + a x^3)), y = x (1 + t) / 2; written in place: each pass over a large
+        # activation costs as much as the arithmetic
+        t = xd * xd
+        t *= _GELU_A * _SQRT_2_OVER_PI
+        t += _SQRT_2_OVER_PI
+        t *= xd
+        np.tanh(t, out=t)
+        y = t + 1
+        y *= xd
+        y *= 0.5
     elif approximate == "none":
         cdf = (0.5 * (1.0 + _erf(xd / math.sqrt(2.0)).astype(np.float64))).astype(xd.dtype)
         y = xd * cdf
@@ -185,10 +209,21 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     def grads(g):
         _charge("gelu.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
         if approximate == "tanh":
-            d = 0.5 * (1 + t) + (0.5 * _SQRT_2_OVER_PI) * xd * (1 - t * t) * (1 + 3 * 0.044715 * x2)
+            # dy/dx = (1 + t)/2 + (1 - t^2) * c x (1 + 3 a x^2) / 2
+            d = t * t
+            np.subtract(1, d, out=d)
+            w = xd * xd
+            w *= 1.5 * _GELU_A * _SQRT_2_OVER_PI
+            w += 0.5 * _SQRT_2_OVER_PI
+            w *= xd
+            d *= w
+            np.multiply(t, 0.5, out=w)
+            d += w
+            d += 0.5
         else:
             d = cdf + xd * (np.exp(-0.5 * xd * xd) / math.sqrt(2 * math.pi))
-        return (g * d.astype(xd.dtype, copy=False),)
+        d *= g
+        return (d.astype(xd.dtype, copy=False),)
 
     return _record(y, (x,), grads, "gelu")
 
@@ -359,6 +394,14 @@ def masked_fill(x: Tensor, mask: Any, value: float) -> Tensor:
 
 
 # ---------------------------------------------------------------------------- attention
+@functools.lru_cache(maxsize=64)
+def _future(tq: int, tk: int) -> np.ndarray:
+    """The causal mask, top-left aligned: True where key j > query i (cached, read-only)."""
+    m = np.triu(np.ones((tq, tk), dtype=bool), k=1)
+    m.flags.writeable = False
+    return m
+
+
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                                  attn_mask: Any = None, scale: float | None = None) -> Tensor:
     """softmax(q k^T * scale + mask) v for (..., T, d) inputs, as one node.
@@ -375,14 +418,14 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
                          f"q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv)")
     d, tq, tk, dv = qd.shape[-1], qd.shape[-2], kd.shape[-2], vd.shape[-1]
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qs = qd * qd.dtype.type(sc)  # scaling q (T*d) is cheaper than scaling the scores (T*T)
     try:
-        s = qd @ np.swapaxes(kd, -1, -2)
+        s = qs @ np.swapaxes(kd, -1, -2)
     except ValueError:
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and k {kd.shape} "
                          f"cannot be broadcast") from None
-    s *= sc
     if is_causal:
-        np.copyto(s, -np.inf, where=np.triu(np.ones((tq, tk), dtype=bool), k=1))
+        np.copyto(s, -np.inf, where=_future(tq, tk))
     if attn_mask is not None:
         am = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
         if am.dtype == np.bool_:
@@ -409,10 +452,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         ds = g @ np.swapaxes(vd, -1, -2)
         ds -= (ds * p).sum(axis=-1, keepdims=True)
         ds *= p  # softmax backward: p * (dp - <dp, p>)
-        if sc != 1.0:
-            ds *= sc
-        gq = unbroadcast(ds @ kd, qd.shape) if _needs(q) else None
-        gk = unbroadcast(np.swapaxes(ds, -1, -2) @ qd, kd.shape) if _needs(k) else None
+        gq = None
+        if _needs(q):
+            gq = ds @ kd
+            gq *= gq.dtype.type(sc)
+            gq = unbroadcast(gq, qd.shape)
+        gk = unbroadcast(np.swapaxes(ds, -1, -2) @ qs, kd.shape) if _needs(k) else None
         return gq, gk, gv
 
     return _record(out, (q, k, v), grads, "scaled_dot_product_attention")
