@@ -17,6 +17,13 @@ from minidist.nn import GPT, GPTConfig  # noqa: E402,F401
 # isort: split
 
 # --- runtime, collectives, hardware ---
+from minidist import dist  # noqa: E402,F401
+from minidist.hardware.cluster import Cluster  # noqa: E402,F401
+from minidist.hardware.memory import OutOfMemoryError  # noqa: E402,F401
+from minidist.runtime import RankError, ReduceOp, launch  # noqa: E402,F401
+from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401
+
+# isort: split
 
 # --- estimate ---
 from minidist import estimate  # noqa: E402,F401

@@ -22,7 +22,7 @@ __all__ = [
     "ReduceOp", "Work", "ProcessGroup", "get_rank", "get_world_size", "is_initialized", "new_group",
     "get_group_rank", "get_global_rank", "send", "recv", "isend", "irecv", "now", "compute", "memory", "cluster",
     "broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "all_to_all_single", "barrier",
+    "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh",
 ]
 
 
@@ -189,3 +189,4 @@ from minidist.collectives.api import (  # noqa: E402
     reduce_scatter_tensor,
     scatter,
 )
+from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401

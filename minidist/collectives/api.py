@@ -1,9 +1,308 @@
-"""Placeholder until the collective layer lands (next commit): every call says so."""
+"""The public collectives, torch.distributed style: check, choose an algorithm, run it, charge the clock.
+
+Each call (1) validates its own arguments and names the op and shapes when they are wrong, (2)
+publishes a signature (op, group, shapes, dtype, root, reduce op, algorithm) that travels with
+every message of the call, so ranks that disagree stop with a message naming both calls instead
+of exchanging garbage, (3) runs the algorithm on the comm stream starting at
+``max(compute, comm)``, and (4) joins the streams (sync) or returns a ``Work`` (``async_op=True``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.collectives import ALGORITHMS, choose
+from minidist.collectives.comm import Comm, _Cursor
+from minidist.runtime.context import current
+from minidist.runtime.errors import MismatchError
+from minidist.runtime.groups import ProcessGroup
+from minidist.runtime.ops import ReduceOp, as_op
+from minidist.runtime.work import Work
 
 
-def _not_yet(*args, **kwargs):
-    raise NotImplementedError("collectives are not implemented yet in this commit")
+def _arr(t, op: str, writable: bool = True) -> np.ndarray:
+    from minidist.dist import as_array
+
+    return as_array(t, op, writable)
 
 
-all_gather = all_gather_into_tensor = all_reduce = all_to_all_single = barrier = _not_yet
-broadcast = gather = reduce = reduce_scatter_tensor = scatter = _not_yet
+def _flat(arr: np.ndarray):
+    """(flat C-contiguous buffer, write-back function or None) for working on ``arr`` in place."""
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1), None
+    tmp = arr.copy(order="C")
+
+    def back():
+        arr[...] = tmp
+
+    return tmp.reshape(-1), back
+
+
+def _describe(shape, dtype) -> str:
+    return f"shape={tuple(shape)}, dtype={np.dtype(dtype).name}"
+
+
+def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async_op: bool, body, after=None):
+    """Common driver: membership, algorithm choice, signature, clock, Work."""
+    ctx = current(f"md.dist.{name}")
+    group = ctx.world if group is None else group
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"{name}: group must be a ProcessGroup (from new_group or a mesh), got {type(group).__name__}")
+    if ctx.rank not in group:
+        raise ValueError(f"{name}: rank {ctx.rank} is not a member of {group}")
+    tp = ctx.transport
+    cursor = _Cursor(ctx.clock.begin_comm())
+    start = cursor.t
+    seq = ctx.next_seq(group)
+    c = Comm(ctx, group.ranks, cursor, -(group.key << 6) - 1, b"", name)
+    if algorithm is None:
+        algorithm = choose(coll, nbytes, c)
+    fn = ALGORITHMS[coll].get(algorithm)
+    if fn is None:
+        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])}")
+    args = f"{detail}, algorithm={algorithm!r}" if detail else f"algorithm={algorithm!r}"
+    sig = f"{name}({args}) on ranks {list(group.ranks)}".encode()
+    c._sig = sig
+    try:
+        if group.size() > 1:
+            tp.agree(group.ranks, group.key, seq, sig, name)
+        body(c, fn)
+    except MismatchError as e:  # the call is broken on every rank: make sure they all hear why
+        tp.board.abort(str(e), mismatch=True)
+        tp.ring_all()
+        raise
+    if after is not None:
+        after()
+    ctx.clock.end_comm(name, start, cursor.t, nbytes, async_op)
+    if async_op:
+        return Work(ctx, (), start, cursor.t, name, nbytes, record=False)
+    return None
+
+
+def _avg_ok(op: ReduceOp, arr: np.ndarray, name: str) -> None:
+    if op is ReduceOp.AVG and arr.dtype.kind not in "fc":
+        raise TypeError(f"{name}: ReduceOp.AVG needs a floating dtype, got {arr.dtype} (shape {arr.shape})")
+
+
+def _base(op: ReduceOp) -> ReduceOp:
+    return ReduceOp.SUM if op is ReduceOp.AVG else op
+
+
+def _root(root, group, name: str, role: str) -> int:
+    ctx = current(f"md.dist.{name}")
+    group = ctx.world if group is None else group
+    if not isinstance(root, (int, np.integer)) or root not in group:
+        raise ValueError(f"{name}: {role}={root!r} is not a rank of {group if group is not None else 'the world'}")
+    return group.group_rank(int(root))
+
+
+# -- the collectives -----------------------------------------------------------------------
+def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Copy ``tensor`` of global rank ``src`` into ``tensor`` on every rank of ``group``."""
+    arr = _arr(tensor, "broadcast")
+    root = _root(src, group, "broadcast", "src")
+    flat, back = _flat(arr)
+    return _run("broadcast", "broadcast", group, algorithm, arr.nbytes,
+                f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
+                lambda c, fn: fn(c, flat, root), back)
+
+
+def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Combine ``tensor`` over ranks with ``op``; the result lands in ``tensor`` on global rank ``dst``."""
+    arr = _arr(tensor, "reduce")
+    op = as_op(op)
+    _avg_ok(op, arr, "reduce")
+    root = _root(dst, group, "reduce", "dst")
+    ctx = current("md.dist.reduce")
+    g = ctx.world if group is None else group
+    is_root = g.group_rank(ctx.rank) == root
+    if is_root:
+        flat, back = _flat(arr)
+    else:
+        flat, back = arr.reshape(-1).copy(), None  # others' buffers stay untouched
+
+    def after():
+        if is_root and op is ReduceOp.AVG:
+            flat[...] /= g.size()
+        if back is not None:
+            back()
+
+    return _run("reduce", "reduce", group, algorithm, arr.nbytes,
+                f"{_describe(arr.shape, arr.dtype)}, dst={dst}, op={op.name}", async_op,
+                lambda c, fn: fn(c, flat, root, _base(op)), after)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Combine ``tensor`` over the ranks of ``group`` with ``op``; every rank gets the result in place."""
+    arr = _arr(tensor, "all_reduce")
+    op = as_op(op)
+    _avg_ok(op, arr, "all_reduce")
+    flat, back = _flat(arr)
+    ctx = current("md.dist.all_reduce")
+    size = (ctx.world if group is None else group).size()
+
+    def after():
+        if op is ReduceOp.AVG:
+            flat[...] /= size
+        if back is not None:
+            back()
+
+    return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes,
+                f"{_describe(arr.shape, arr.dtype)}, op={op.name}", async_op,
+                lambda c, fn: fn(c, flat, _base(op)), after)
+
+
+def _list_of(arrs, like: np.ndarray, name: str, what: str, size: int) -> list:
+    if arrs is None or len(arrs) != size:
+        n = "None" if arrs is None else len(arrs)
+        raise ValueError(f"{name}: {what} must be a list of {size} tensors (one per rank of the group), got {n}")
+    out = [_arr(a, name) for a in arrs]
+    for i, a in enumerate(out):
+        if a.shape != like.shape or a.dtype != like.dtype:
+            raise ValueError(f"{name}: {what}[{i}] has {_describe(a.shape, a.dtype)} but the tensor has "
+                             f"{_describe(like.shape, like.dtype)}")
+    return out
+
+
+def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool = False,
+            algorithm: str | None = None):
+    """Global rank ``src`` sends ``scatter_list[i]`` to group rank i, which receives it in ``tensor``."""
+    arr = _arr(tensor, "scatter")
+    root = _root(src, group, "scatter", "src")
+    ctx = current("md.dist.scatter")
+    g = ctx.world if group is None else group
+    flat, back = _flat(arr)
+    chunks = None
+    if g.group_rank(ctx.rank) == root:
+        chunks = [np.ascontiguousarray(a).reshape(-1) for a in _list_of(scatter_list, arr, "scatter",
+                                                                       "scatter_list", g.size())]
+    return _run("scatter", "scatter", group, algorithm, arr.nbytes,
+                f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
+                lambda c, fn: fn(c, flat, chunks, root), back)
+
+
+def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False,
+           algorithm: str | None = None):
+    """Global rank ``dst`` receives every rank's ``tensor`` in ``gather_list`` (rank order)."""
+    arr = _arr(tensor, "gather", writable=False)
+    root = _root(dst, group, "gather", "dst")
+    ctx = current("md.dist.gather")
+    g = ctx.world if group is None else group
+    inp = np.ascontiguousarray(arr).reshape(-1)
+    chunks, backs = None, []
+    if g.group_rank(ctx.rank) == root:
+        chunks = []
+        for a in _list_of(gather_list, arr, "gather", "gather_list", g.size()):
+            f, b = _flat(a)
+            chunks.append(f)
+            if b is not None:
+                backs.append(b)
+    return _run("gather", "gather", group, algorithm, arr.nbytes,
+                f"{_describe(arr.shape, arr.dtype)}, dst={dst}", async_op,
+                lambda c, fn: fn(c, inp, chunks, root), lambda: [b() for b in backs])
+
+
+def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
+    """Every rank receives every rank's ``tensor`` in ``tensor_list`` (rank order)."""
+    arr = _arr(tensor, "all_gather", writable=False)
+    ctx = current("md.dist.all_gather")
+    g = ctx.world if group is None else group
+    outs, backs = [], []
+    for a in _list_of(tensor_list, arr, "all_gather", "tensor_list", g.size()):
+        f, b = _flat(a)
+        outs.append(f)
+        if b is not None:
+            backs.append(b)
+    inp = np.ascontiguousarray(arr).reshape(-1)
+    return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, _describe(arr.shape, arr.dtype), async_op,
+                lambda c, fn: fn(c, outs, inp), lambda: [b() for b in backs])
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
+                           algorithm: str | None = None):
+    """Concatenate every rank's ``input_tensor`` along dim 0 into ``output_tensor`` (rank order)."""
+    inp = _arr(input_tensor, "all_gather_into_tensor", writable=False)
+    out = _arr(output_tensor, "all_gather_into_tensor")
+    ctx = current("md.dist.all_gather_into_tensor")
+    p = (ctx.world if group is None else group).size()
+    ok_shape = inp.ndim > 0 and out.shape == (p * inp.shape[0],) + inp.shape[1:]
+    ok_stacked = out.shape == (p,) + inp.shape
+    if out.dtype != inp.dtype or not (ok_shape or ok_stacked):
+        want = (p * inp.shape[0],) + inp.shape[1:] if inp.ndim else (p,)
+        raise ValueError(f"all_gather_into_tensor: output has {_describe(out.shape, out.dtype)} but {p} ranks "
+                         f"with input {_describe(inp.shape, inp.dtype)} need shape {want}")
+    flat, back = _flat(out)
+    outs = np.split(flat, p)
+    src = np.ascontiguousarray(inp).reshape(-1)
+    return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
+                _describe(inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                          algorithm: str | None = None):
+    """Reduce ``input`` over ranks and give rank i the i-th dim-0 block of the result in ``output``."""
+    inp = _arr(input, "reduce_scatter_tensor", writable=False)
+    out = _arr(output, "reduce_scatter_tensor")
+    op = as_op(op)
+    _avg_ok(op, out, "reduce_scatter_tensor")
+    ctx = current("md.dist.reduce_scatter_tensor")
+    p = (ctx.world if group is None else group).size()
+    ok = inp.dtype == out.dtype and inp.size == p * out.size and (
+        (out.ndim > 0 and inp.shape == (p * out.shape[0],) + out.shape[1:]) or inp.shape == (p,) + out.shape)
+    if not ok:
+        raise ValueError(f"reduce_scatter_tensor: input has {_describe(inp.shape, inp.dtype)} but output has "
+                         f"{_describe(out.shape, out.dtype)}; with {p} ranks the input must be {p} output blocks "
+                         f"along dim 0")
+    scratch = inp.reshape(-1).copy()
+    ins = np.split(scratch, p)
+    flat, back = _flat(out)
+
+    def after():
+        if op is ReduceOp.AVG:
+            flat[...] /= p
+        if back is not None:
+            back()
+
+    return _run("reduce_scatter", "reduce_scatter_tensor", group, algorithm, out.nbytes,
+                f"output {_describe(out.shape, out.dtype)}, op={op.name}", async_op,
+                lambda c, fn: fn(c, flat, ins, _base(op)), after)
+
+
+def _splits(splits, rows: int, p: int, name: str, what: str) -> list[int]:
+    if splits is None:
+        if rows % p:
+            raise ValueError(f"all_to_all_single: {what} has {rows} rows along dim 0, not divisible by {p} ranks; "
+                             f"pass {name}")
+        return [rows // p] * p
+    splits = [int(s) for s in splits]
+    if len(splits) != p or any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {name}={splits} must be {p} non-negative sizes summing to the "
+                         f"{rows} rows of {what}")
+    return splits
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op: bool = False, algorithm: str | None = None):
+    """Rank j's ``input`` rows for rank i (``input_split_sizes[i]`` of them) land in rank i's ``output``."""
+    inp = _arr(input, "all_to_all_single", writable=False)
+    out = _arr(output, "all_to_all_single")
+    ctx = current("md.dist.all_to_all_single")
+    p = (ctx.world if group is None else group).size()
+    if inp.ndim == 0 or out.ndim == 0 or inp.shape[1:] != out.shape[1:] or inp.dtype != out.dtype:
+        raise ValueError(f"all_to_all_single: input {_describe(inp.shape, inp.dtype)} and output "
+                         f"{_describe(out.shape, out.dtype)} must share dtype and every dim but the first")
+    ins_sz = _splits(input_split_sizes, inp.shape[0], p, "input_split_sizes", "input")
+    outs_sz = _splits(output_split_sizes, out.shape[0], p, "output_split_sizes", "output")
+    row = int(np.prod(inp.shape[1:], dtype=np.int64))
+    src = np.ascontiguousarray(inp).reshape(-1)
+    flat, back = _flat(out)
+    ins = np.split(src, np.cumsum([s * row for s in ins_sz])[:-1])
+    outs = np.split(flat, np.cumsum([s * row for s in outs_sz])[:-1])
+    return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
+                f"rows of shape {inp.shape[1:]}, dtype={inp.dtype.name}", async_op,
+                lambda c, fn: fn(c, outs, ins), back)
+
+
+def barrier(group=None, async_op: bool = False, algorithm: str | None = None):
+    """Return once every rank of ``group`` has called barrier."""
+    return _run("barrier", "barrier", group, algorithm, 0, "", async_op, lambda c, fn: fn(c))

@@ -19,6 +19,7 @@ import mmap
 import os
 import secrets
 import struct
+import zlib
 
 import numpy as np
 
@@ -28,14 +29,16 @@ except ImportError:  # pragma: no cover
     _posixshmem = None
 
 ABORT_BYTES = 4096
-RECORD_BYTES = 2048
+RECORD_BYTES = 8192
 CTRL_BYTES = 1024
 HDR_BYTES = 1024
 
 # board record fields (int64 / float64 words, then byte areas)
-R_STATE, R_SINCE, R_GROUP, R_SEQ, R_DESCLEN, R_SIGLEN = 0, 1, 2, 3, 4, 5
+R_STATE, R_SINCE, R_DESCLEN = 0, 1, 4
 R_DESC_OFF, R_DESC_MAX = 64, 448
-R_SIG_OFF, R_SIG_MAX = 512, RECORD_BYTES - 512
+# then a table of the last collective called on each group: key, seq, crc, siglen, signature text
+G_OFF, G_SLOTS, G_BYTES = 512, 29, 256
+G_SIG_MAX = G_BYTES - 32
 RUNNING, WAITING, FINISHED, FAILED = 0, 1, 2, 3
 STATE_NAMES = {RUNNING: "running", WAITING: "waiting", FINISHED: "finished", FAILED: "failed"}
 
@@ -129,6 +132,8 @@ class Board:
         self.abort_words = np.frombuffer(mm, np.int64, 2, 0)
         self.words = [np.frombuffer(mm, np.int64, 8, layout.record(r)) for r in range(layout.world)]
         self.fwords = [np.frombuffer(mm, np.float64, 8, layout.record(r)) for r in range(layout.world)]
+        self._tables: dict[int, np.ndarray] = {}
+        self._slot_of: dict[int, int] = {}  # this process's own group slots (only the owner writes them)
 
     # -- abort -----------------------------------------------------------------------------
     def aborted(self) -> str | None:
@@ -137,13 +142,17 @@ class Board:
         n = int(self.abort_words[1])
         return bytes(self.buf[64 : 64 + n]).decode(errors="replace")
 
-    def abort(self, message: str) -> None:
+    def abort(self, message: str, mismatch: bool = False) -> None:
+        """Stop every rank at its next wait; ``mismatch`` marks a disagreement about a collective call."""
         if self.abort_words[0]:
             return
         data = message.encode()[: ABORT_BYTES - 64]
         self.buf[64 : 64 + len(data)] = np.frombuffer(data, np.uint8)
         self.abort_words[1] = len(data)
-        self.abort_words[0] = 1
+        self.abort_words[0] = 2 if mismatch else 1
+
+    def abort_is_mismatch(self) -> bool:
+        return int(self.abort_words[0]) == 2
 
     # -- status ----------------------------------------------------------------------------
     def set_state(self, rank: int, state: int, since: float = 0.0, desc: str | None = None) -> None:
@@ -166,25 +175,48 @@ class Board:
         desc = bytes(self.buf[off : off + n]).decode(errors="replace")
         return int(w[R_STATE]), float(self.fwords[rank][R_SINCE]), desc
 
-    # -- collective signatures (checked when a rank blocks inside a collective) ----------------
-    def set_call(self, rank: int, group: int, seq: int, sig: bytes) -> None:
-        w = self.words[rank]
-        w[R_SEQ] = -1  # readers ignore the record while it is being rewritten
-        sig = sig[:R_SIG_MAX]
-        off = self.layout.record(rank) + R_SIG_OFF
-        self.buf[off : off + len(sig)] = np.frombuffer(sig, np.uint8)
-        w[R_SIGLEN] = len(sig)
-        w[R_GROUP] = group
-        w[R_SEQ] = seq
+    # -- collective calls: per rank and group, the latest call's number and signature ----------
+    def _table(self, rank: int) -> np.ndarray:
+        t = self._tables.get(rank)
+        if t is None:
+            off = self.layout.record(rank) + G_OFF
+            t = self._tables[rank] = np.frombuffer(self.mm, np.int64, G_SLOTS * G_BYTES // 8, off).reshape(
+                G_SLOTS, G_BYTES // 8)
+        return t
 
-    def call(self, rank: int) -> tuple[int, int, bytes] | None:
-        w = self.words[rank]
-        seq = int(w[R_SEQ])
+    def publish(self, rank: int, key: int, seq: int, sig: bytes) -> None:
+        """Record that ``rank`` entered call number ``seq`` on group ``key`` with signature ``sig``."""
+        t = self._table(rank)
+        slot = self._slot_of.get(key)
+        if slot is None:  # a new group: a free slot, else recycle the oldest
+            used = len(self._slot_of)
+            slot = used if used < G_SLOTS else self._evict()
+            self._slot_of[key] = slot
+        row = t[slot]
+        row[1] = -1  # readers skip the slot while it is rewritten
+        text = sig[:G_SIG_MAX]
+        off = self.layout.record(rank) + G_OFF + slot * G_BYTES + 32
+        self.buf[off : off + len(text)] = np.frombuffer(text, np.uint8)
+        row[2], row[3], row[0] = zlib.crc32(sig), len(text), key
+        row[1] = seq
+
+    def _evict(self) -> int:
+        key = next(iter(self._slot_of))
+        return self._slot_of.pop(key)
+
+    def lookup(self, rank: int, key: int) -> tuple[int, int, str] | None:
+        """(seq, crc, signature text) of ``rank``'s latest call on group ``key``, or None."""
+        t = self._table(rank)
+        hits = np.flatnonzero(t[:, 0] == key)
+        if not len(hits):
+            return None
+        row = t[hits[0]]
+        seq = int(row[1])
         if seq < 0:
             return None
-        group, n = int(w[R_GROUP]), int(w[R_SIGLEN])
-        off = self.layout.record(rank) + R_SIG_OFF
-        sig = bytes(self.buf[off : off + n])
-        if int(w[R_SEQ]) != seq:
+        crc, n = int(row[2]), int(row[3])
+        off = self.layout.record(rank) + G_OFF + int(hits[0]) * G_BYTES + 32
+        text = bytes(self.buf[off : off + n]).decode(errors="replace")
+        if int(row[1]) != seq:
             return None
-        return group, seq, sig
+        return seq, crc, text

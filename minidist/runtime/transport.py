@@ -23,6 +23,7 @@ timeout that turns a deadlock into a report of who waits for whom).
 from __future__ import annotations
 
 import time
+import zlib
 from collections import deque
 
 import numpy as np
@@ -147,7 +148,6 @@ class Transport:
         self.cur_in: dict[int, object] = {}
         self.stash: dict[int, list] = {}
         self.failed: list = []  # ops whose error has not been raised yet
-        self.coll = None  # (global ranks, group key, seq, signature) while inside a collective
 
     def _slot(self, src, dst, i):
         off = self.layout.slot(src, dst, i)
@@ -400,6 +400,8 @@ class Transport:
         """Turn a wait that can never end into an error: another rank failed, finished or disagrees."""
         msg = self.board.aborted()
         if msg is not None:
+            if self.board.abort_is_mismatch():
+                raise MismatchError(msg)
             raise RankAborted(f"rank {self.rank} stopped because {msg}")
         for op in ops:
             if op.done:
@@ -412,18 +414,66 @@ class Transport:
                     f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
                     f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
                 )
-        if self.coll is not None:
-            ranks, key, seq, sig = self.coll
-            for r in ranks:
-                c = self.board.call(r)
-                if c is not None and c[0] == key and c[1] == seq and c[2] != sig:
-                    raise MismatchError(
-                        f"ranks disagree about a collective call: rank {r} called {c[2].decode(errors='replace')}; "
-                        f"rank {self.rank} called {sig.decode(errors='replace')}"
-                    )
+
+    def agree(self, ranks, key: int, seq: int, sig: bytes, what: str) -> None:
+        """Publish this rank's collective call and wait until every member has published its own.
+
+        No simulated time passes; the wall-clock cost is one look at the board (plus a wait for
+        latecomers). Ranks that disagree all raise, each naming the other's call: a member that is
+        already past this call has checked ours, so it agreed.
+        """
+        me = self.rank
+        self.board.publish(me, key, seq, sig)
+        for r in ranks:
+            if r != me:
+                self.bells[r].release()
+        mine = zlib.crc32(sig)
+        todo = [r for r in ranks if r != me]
+        t0 = time.monotonic()
+        blocked = False
+        try:
+            while True:
+                late = []
+                for r in todo:
+                    got = self.board.lookup(r, key)
+                    if got is None or got[0] < seq:
+                        late.append(r)
+                    elif got[0] == seq and got[1] != mine:
+                        raise MismatchError(f"ranks disagree about a collective call: rank {r} called {got[2]}; "
+                                            f"rank {me} called {sig.decode(errors='replace')}")
+                if not late:
+                    return
+                todo = late
+                msg = self.board.aborted()
+                if msg is not None:
+                    if self.board.abort_is_mismatch():
+                        raise MismatchError(msg)
+                    raise RankAborted(f"rank {me} stopped because {msg}")
+                for r in late:
+                    st = self.board.state(r)
+                    got = self.board.lookup(r, key)
+                    if st in (shm.FINISHED, shm.FAILED) and (got is None or got[0] < seq):
+                        raise PeerExitedError(f"rank {me} waits for rank {r} to join {what} but rank {r} has "
+                                              f"{shm.STATE_NAMES[st]}")
+                now = time.monotonic()
+                if now - t0 >= self.timeout:
+                    raise CommTimeoutError(self._report_text(
+                        f"rank {me} waited {now - t0:.1f} s for ranks {late} to join {what}", now - t0))
+                if not blocked:
+                    blocked = True
+                    self.board.set_state(me, shm.WAITING, time.time(), f"{what} (waiting for ranks {late} to join)")
+                if self.bell.acquire(True, min(self.timeout - (now - t0), 0.25)):
+                    while self.bell.acquire(False):
+                        pass
+        finally:
+            if blocked:
+                self.board.set_state(me, shm.RUNNING)
 
     def _report(self, ops, waited: float) -> str:
-        lines = [f"rank {self.rank} waited {waited:.1f} s in {self._what(ops)}"]
+        return self._report_text(f"rank {self.rank} waited {waited:.1f} s in {self._what(ops)}", waited)
+
+    def _report_text(self, first: str, waited: float) -> str:
+        lines = [first]
         now = time.time()
         for r in range(self.world):
             if r == self.rank:

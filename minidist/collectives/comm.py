@@ -1,0 +1,104 @@
+"""Comm: what an algorithm file sees of a collective in progress on one rank.
+
+Ranks are group-local indices ``0 .. size-1``. The comm stream has a cursor ``now``: ``isend`` and
+``irecv`` start at the cursor, ``wait`` moves it to the latest completion among the handles
+waited for. So a step written as "send to the right, receive from the left, wait for both" costs
+one message time, and the simulated time of the whole collective *emerges* from its steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from minidist.hardware.cluster import Cluster
+from minidist.runtime.ops import ReduceOp
+
+
+class _Cursor:
+    __slots__ = ("t",)
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+
+class Comm:
+    """A group-local view of one collective call: ``rank``, ``size``, ``ranks``, p2p steps and the cursor."""
+
+    def __init__(self, ctx, ranks: Sequence[int], cursor: _Cursor, tag_base: int, sig: bytes, name: str) -> None:
+        self._ctx, self._tp = ctx, ctx.transport
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.size = len(self.ranks)
+        self.rank = self.ranks.index(ctx.rank)
+        self.cluster: Cluster = ctx.cluster
+        self._cursor, self._tag_base, self._sig, self.name = cursor, tag_base, sig, name
+
+    # -- time ------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        """The comm-stream cursor of this rank, in simulated seconds."""
+        return self._cursor.t
+
+    # -- point to point (peer = group-local index) -------------------------------------------
+    def _tag(self, tag: int) -> int:
+        if not 0 <= tag < 64:
+            raise ValueError(f"{self.name}: internal tag must be in 0..63, got {tag}")
+        return self._tag_base - tag
+
+    def isend(self, buf: np.ndarray, peer: int, tag: int = 0):
+        """Start sending ``buf`` (C-contiguous; do not modify it until waited) to group rank ``peer``."""
+        return self._tp.isend(buf, self.ranks[peer], self._tag(tag), self._cursor.t, self._sig, self.name)
+
+    def irecv(self, buf: np.ndarray, peer: int, tag: int = 0, op: ReduceOp | None = None):
+        """Start receiving into ``buf``; with ``op``, combine the incoming data into ``buf`` in place."""
+        ufunc = None if op is None else op.ufunc
+        return self._tp.irecv(buf, self.ranks[peer], self._tag(tag), self._cursor.t, ufunc, self._sig, self.name)
+
+    def wait(self, *handles) -> None:
+        """Wait for all ``handles``; the cursor moves to the latest of their completions."""
+        hs = [h for h in handles if h is not None]
+        if not hs:
+            return
+        self._tp.wait(hs)
+        t = self._cursor.t
+        for h in hs:
+            if h.end > t:
+                t = h.end
+        self._cursor.t = t
+
+    def send(self, buf: np.ndarray, peer: int, tag: int = 0) -> None:
+        self.wait(self.isend(buf, peer, tag))
+
+    def recv(self, buf: np.ndarray, peer: int, tag: int = 0, op: ReduceOp | None = None) -> None:
+        self.wait(self.irecv(buf, peer, tag, op))
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int, tag: int = 0,
+                 op: ReduceOp | None = None) -> None:
+        """Send to ``dst`` and receive (or reduce, with ``op``) from ``src`` at the same time."""
+        r = self.irecv(recvbuf, src, tag, op)
+        s = self.isend(sendbuf, dst, tag)
+        self.wait(s, r)
+
+    # -- structure ---------------------------------------------------------------------------
+    def sub(self, members: Sequence[int]) -> Comm:
+        """A Comm over some of this group's ranks (group-local indices), sharing this rank's cursor.
+
+        Every rank of the sub-group must make the same call; phases stay ordered because messages
+        between two ranks never overtake each other.
+        """
+        members = list(members)
+        if self.rank not in members:
+            raise ValueError(f"{self.name}: sub-group {members} does not contain this rank ({self.rank})")
+        return Comm(self._ctx, [self.ranks[i] for i in members], self._cursor, self._tag_base, self._sig, self.name)
+
+    def node(self, i: int) -> int:
+        """Node of group rank ``i`` in the cluster (for topology-aware algorithms)."""
+        return self.cluster.node_of(self.ranks[i])
+
+    def link(self, i: int, j: int):
+        """The Link between group ranks ``i`` and ``j``."""
+        return self.cluster.link(self.ranks[i], self.ranks[j])
+
+    def __repr__(self) -> str:
+        return f"Comm({self.name}, rank {self.rank} of {self.size}, ranks={list(self.ranks)}, now={self.now:.6g})"
