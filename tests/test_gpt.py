@@ -158,3 +158,37 @@ def test_generate():
     assert model.training  # the mode is restored
     top1 = model.generate(start, 3, temperature=1.0, rng=1, top_k=1)
     np.testing.assert_array_equal(top1, greedy)
+
+
+def test_matmul_flops_are_2NP_forward_and_4NP_backward():
+    # The 6 N P rule for training FLOPs (book ch. 6), read off the cost hook: every Linear weight
+    # costs 2 flops per token forward and 4 backward (gradient of the input and of the weight).
+    from minidist.autograd.cost import cost_hook
+
+    model = nn.GPT(tiny(n_heads=4, n_kv_heads=2, mlp="swiglu"), seed=0)
+    flops = {"matmul": 0.0, "matmul.backward": 0.0}
+
+    def hook(name, f, nbytes, dtype):
+        if name in flops:
+            flops[name] += f
+
+    idx = np.random.default_rng(0).integers(0, 13, (3, 8))
+    with cost_hook(hook):
+        model(idx, idx)[1].backward()
+    p_linear = sum(m.weight.size for m in model.modules() if isinstance(m, nn.Linear))
+    tokens = idx.size
+    assert flops["matmul"] == 2 * tokens * p_linear
+    assert flops["matmul.backward"] == 4 * tokens * p_linear
+
+
+def test_model_survives_pickle_and_deepcopy():
+    # launch() ships functions and their closures to rank processes by pickling.
+    import copy
+    import pickle
+
+    model = nn.GPT(tiny(tie_embeddings=True), seed=2)
+    idx = np.arange(8)[None] % 13
+    for clone in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        np.testing.assert_array_equal(clone(idx)[0].data, model(idx)[0].data)
+        assert clone.lm_head.embedding is clone.wte
+        assert clone.num_parameters() == model.num_parameters()
