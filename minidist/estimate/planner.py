@@ -6,7 +6,7 @@ analytic model of ``perf.py`` covers it in about a second even for 16,384 GPUs.
 
 Search space: tp (divides heads and fits in a node), cp (powers of two, seq divisible by 2 cp, and tp x
 cp within a node, the book's ch25 rule, unless ``cp_within_node=False``), pp (gpus divisible; layers
-split into stages of ceil(L/pp), the last ones lighter, as LLaMA 3 did for 126 layers on 16 stages;
+split into stages of ceil(L/pp), the last ones lighter; LLaMA 3 split 126 layers unevenly over 16;
 ``strict_pp=True`` demands L % pp == 0), dp (the rest; divides the global batch), ep (MoE only: divides
 experts and dp), micro-batch size, schedule (1F1B; interleaved with v dividing the layers per stage and
 m a multiple of pp; ZB-H1), recompute (none or full by default: with FlashAttention, on by default,
@@ -22,9 +22,11 @@ from dataclasses import replace
 
 from minidist.estimate._check import choice, count, fraction
 from minidist.estimate.calibration import CALIBRATED
-from minidist.estimate.clusters import ClusterSpec, cluster
+from minidist.estimate.clusters import ClusterSpec
+from minidist.estimate.clusters import cluster as _cluster
 from minidist.estimate.memory import RECOMPUTE
-from minidist.estimate.models import ModelConfig, model
+from minidist.estimate.models import ModelConfig
+from minidist.estimate.models import model as _model
 from minidist.estimate.perf import Efficiency, Estimate, Layout, estimate_layout
 from minidist.estimate.pipeline import SCHEDULES
 
@@ -33,7 +35,7 @@ def _powers_of_two(limit: int) -> list[int]:
     return [1 << i for i in range(limit.bit_length()) if (1 << i) <= limit]
 
 
-def plan(model_: ModelConfig | str, cluster_: ClusterSpec | str, gpus: int, global_batch: int | None = None,
+def plan(model: ModelConfig | str, cluster: ClusterSpec | str, gpus: int, global_batch: int | None = None,
          seq_len: int | None = None, *, top: int = 10, zero_stages: tuple[int, ...] = (1, 2, 3),
          recompute: tuple[str | None, ...] = (None, "full"), micro_batches: tuple[int, ...] = (1, 2, 4, 8),
          schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1"), max_cp: int = 16, strict_pp: bool = False,
@@ -49,8 +51,8 @@ def plan(model_: ModelConfig | str, cluster_: ClusterSpec | str, gpus: int, glob
     ValueError when nothing fits or an argument is invalid.
     """
     fn = "plan"
-    mdl = model(model_) if isinstance(model_, str) else model_
-    cl = cluster(cluster_) if isinstance(cluster_, str) else cluster_
+    mdl = _model(model) if isinstance(model, str) else model
+    cl = _cluster(cluster) if isinstance(cluster, str) else cluster
     n = count(fn, "gpus", gpus)
     gb = count(fn, "global_batch", mdl.global_batch if global_batch is None else global_batch)
     s = count(fn, "seq_len", mdl.seq_len if seq_len is None else seq_len)
