@@ -347,6 +347,11 @@ def test_matmul_reports_2mnk_and_backward_4mnk():
     assert by_name["matmul"][0] == 2 * m * n * k
     assert by_name["matmul"][1] == 8 * (m * k + k * n + m * n)
     assert by_name["matmul.backward"][0] == 4 * m * n * k
+    assert by_name["matmul.backward"][1] == 2 * 8 * (m * k + k * n + m * n)
+    log.clear()
+    with cost.cost_hook(lambda name, flops, nbytes, dtype: log.append((name, flops, nbytes, dtype))):
+        (md.tensor(np.ones((m, k))) @ b).backward(np.ones((m, n)))  # only b needs a gradient
+    assert log[-1][:2] == ("matmul.backward", 2 * m * n * k)
     assert all(d == np.float64 for *_, d in log)
 
 
@@ -375,3 +380,16 @@ def test_gradcheck_catches_a_wrong_backward():
 
     with pytest.raises(AssertionError):
         gradcheck(WrongSquare.apply, leaf(3))
+
+
+def test_astype_gradient_is_cast_back_and_float16_works():
+    x = md.tensor(rng.standard_normal(4), requires_grad=True)
+    y = x.astype(np.float32)
+    assert y.dtype == np.float32 and y.grad_fn == "astype" and x.astype(np.float64) is x
+    (y * np.float32(3)).sum().backward()
+    assert x.grad.dtype == np.float64
+    np.testing.assert_array_equal(x.grad, 3.0)
+    h = md.tensor(rng.standard_normal((3, 2)).astype(np.float16), requires_grad=True)
+    out = (h @ h.T).relu().sum()
+    out.backward()
+    assert out.dtype == np.float16 and h.grad.dtype == np.float16 and h.grad.shape == (3, 2)

@@ -122,7 +122,7 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Any], retain_graph: bo
                                    f"has shape {r.shape}, so pass grad= with that shape")
             g = np.ones(r.data.shape, dtype=r.data.dtype)
         else:
-            g = g.data if isinstance(g, Tensor) else np.asarray(g, dtype=r.data.dtype)
+            g = np.asarray(g.data if isinstance(g, Tensor) else g, dtype=r.data.dtype)
             if g.shape != r.data.shape:
                 raise ValueError(f"backward: grad has shape {g.shape} but the output has shape {r.shape}")
         pending[id(r)] = _add(pending.get(id(r)), g, r)

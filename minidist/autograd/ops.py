@@ -222,8 +222,9 @@ def matmul(x: Any, y: Any) -> Tensor:
 
     def backward(g):
         if _cost._hook is not None:
+            # each input gradient reads g and the other operand and writes a tensor the size of its input
             _cost.charge("matmul.backward", 2 * batch * m * n * k * (need_x + need_y),
-                         g.nbytes * (need_x + need_y) + (xd.nbytes + yd.nbytes) * 2 * (need_x or need_y), g.dtype)
+                         (g.nbytes + xd.nbytes + yd.nbytes) * (need_x + need_y), g.dtype)
         g2 = g.reshape(out2.shape)
         gx = gy = None
         if need_x:
