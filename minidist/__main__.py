@@ -25,6 +25,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_run(args: argparse.Namespace) -> int:
+    """best layouts of a named model on a named cluster"""
     import time
 
     from minidist import estimate as E
@@ -48,6 +49,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
 
 
 def _models_run(args: argparse.Namespace) -> int:
+    """list the named models and clusters with their sources"""
     from minidist import estimate as E
 
     for name, m in sorted(E.MODELS.items()):
