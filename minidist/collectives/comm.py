@@ -48,7 +48,7 @@ class Comm:
 
     def isend(self, buf: np.ndarray, peer: int, tag: int = 0):
         """Start sending ``buf`` (C-contiguous; do not modify it until waited) to group rank ``peer``."""
-        return self._tp.isend(buf, self.ranks[peer], self._tag(tag), self._cursor.t, self._sig, self.name)
+        return self._tp.isend(buf, self.ranks[peer], self._tag(tag), self._cursor.t, self._sig, self.name, True)
 
     def irecv(self, buf: np.ndarray, peer: int, tag: int = 0, op: ReduceOp | None = None):
         """Start receiving into ``buf``; with ``op``, combine the incoming data into ``buf`` in place."""

@@ -43,7 +43,7 @@ RUNNING, WAITING, FINISHED, FAILED = 0, 1, 2, 3
 STATE_NAMES = {RUNNING: "running", WAITING: "waiting", FINISHED: "finished", FAILED: "failed"}
 
 # channel control words (each on its own cache line: the two sides write different ones)
-C_HEAD, C_TAIL, C_NACK, C_NACKLEN = 0, 8, 16, 17
+C_HEAD, C_TAIL, C_NACK, C_NACKLEN, C_WANT = 0, 8, 16, 17, 24  # C_WANT: the sender sleeps on this channel
 C_NACK_OFF = 192
 
 # message header: tag, nbytes, start, arrival, msg index, ndim, shape[8], dtype, siglen, then sig bytes

@@ -22,6 +22,7 @@ timeout that turns a deadlock into a report of who waits for whom).
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from collections import deque
@@ -30,12 +31,25 @@ import numpy as np
 
 from minidist.runtime import shm
 from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted
-from minidist.runtime.shm import C_HEAD, C_NACK, C_NACK_OFF, C_NACKLEN, C_TAIL, HDR_BYTES, HEADER, SIG_MAX
+from minidist.runtime.shm import C_HEAD, C_NACK, C_NACK_OFF, C_NACKLEN, C_TAIL, C_WANT, HDR_BYTES, HEADER, SIG_MAX
+
+
+def spin_seconds(world: int) -> float:
+    """How long a waiting rank polls before it sleeps on its doorbell: 0 (never) unless asked.
+
+    Sleeping on the semaphore costs a scheduler wake-up (tens of microseconds) per message; a short
+    bounded poll can avoid it for small messages when every rank has an idle core of its own.
+    ``MINIDIST_SPIN_US=50`` turns it on (ignored when ranks outnumber cores).
+    """
+    env = os.environ.get("MINIDIST_SPIN_US")
+    if not env or world > (os.cpu_count() or 1):
+        return 0.0
+    return max(0.0, float(env)) * 1e-6
 
 
 class SendOp:
     __slots__ = ("peer", "tag", "data", "nbytes", "dtype", "shape", "sig", "name", "off", "chunks",
-                 "written", "end_counter", "msg", "start", "end", "done", "error")
+                 "written", "end_counter", "msg", "start", "end", "done", "error", "eager")
 
     def __init__(self, peer, tag, data, nbytes, dtype, shape, sig, name):
         self.peer, self.tag, self.data, self.nbytes = peer, tag, data, nbytes
@@ -45,6 +59,7 @@ class SendOp:
         self.end_counter = self.msg = 0
         self.start = self.end = 0.0
         self.error = None
+        self.eager = False
 
     def describe(self) -> str:
         if self.tag >= 0:
@@ -148,16 +163,24 @@ class Transport:
         self.cur_in: dict[int, object] = {}
         self.stash: dict[int, list] = {}
         self.failed: list = []  # ops whose error has not been raised yet
+        self.spin = spin_seconds(self.world)
 
     def _slot(self, src, dst, i):
         off = self.layout.slot(src, dst, i)
         return off, self.buf[off + HDR_BYTES : off + HDR_BYTES + self.slot_bytes]
 
     # -- posting ---------------------------------------------------------------------------
-    def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send") -> SendOp:
-        """Queue ``arr`` (C-contiguous) for ``dst``; the message is ready at simulated time ``ready``."""
+    def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
+              eager: bool = False) -> SendOp:
+        """Queue ``arr`` (C-contiguous) for ``dst``; the message is ready at simulated time ``ready``.
+
+        A plain send is done when ``dst`` has taken the whole message (so a refusal reaches the sender);
+        an ``eager`` one as soon as its last chunk is in the channel (collectives, whose arguments the
+        ranks have already agreed on, use it to save a wake-up per message).
+        """
         flat = arr.reshape(-1)
         op = SendOp(dst, tag, flat.view(np.uint8), arr.nbytes, arr.dtype, arr.shape, sig, name)
+        op.eager = eager
         op.start, op.end = self.clock.message(dst, op.nbytes, ready)
         op.msg = self.msgs_out[dst]
         self.msgs_out[dst] += 1
@@ -224,6 +247,8 @@ class Transport:
                 if op.off >= op.nbytes:
                     op.written = True
                     op.end_counter = head
+                    if op.eager:
+                        op.done = True
                     break
             if not op.written:
                 break
@@ -231,7 +256,7 @@ class Transport:
         if wrote:
             self.bells[dst].release()
         done = False
-        while q and q[0].written and tail >= q[0].end_counter:
+        while q and q[0].written and (q[0].eager or tail >= q[0].end_counter):
             q.popleft().done = True
             done = True
         if not q:
@@ -286,7 +311,7 @@ class Transport:
                     self._complete(cur, cur.hdr)
         self.tail[src] = tail
         ctrl[C_TAIL] = tail
-        if moved:
+        if moved and ctrl[C_WANT]:  # the sender sleeps until slots free up or its message is taken
             self.bells[src].release()
         return moved
 
@@ -365,6 +390,15 @@ class Transport:
         t0 = time.monotonic()
         deadline = t0 + timeout
         blocked = False
+        wants = []
+        if self.spin:  # a short poll before sleeping, only when every rank has a core of its own
+            spin_end = t0 + self.spin
+            while time.monotonic() < spin_end:
+                self.progress()
+                if all(op.done for op in ops):
+                    if self.failed:
+                        self._raise_failed(ops)
+                    return
         try:
             while True:
                 self.progress()
@@ -379,11 +413,18 @@ class Transport:
                 if not blocked:
                     blocked = True
                     self.board.set_state(self.rank, shm.WAITING, time.time(), self._what(ops))
+                    wants = [self.out_ctrl[d] for d in self.send_q]
+                    for c in wants:
+                        c[C_WANT] = 1
+                    if wants and self.progress():  # re-check after raising the flag: no lost wake-up
+                        continue
                 if self.bell.acquire(True, min(deadline - now, 0.25)):
                     while self.bell.acquire(False):
                         pass
         finally:
             if blocked:
+                for c in wants:
+                    c[C_WANT] = 0
                 self.board.set_state(self.rank, shm.RUNNING)
 
     def _raise_failed(self, ops) -> None:
@@ -424,8 +465,8 @@ class Transport:
         """
         me = self.rank
         self.board.publish(me, key, seq, sig)
-        for r in ranks:
-            if r != me:
+        for r in ranks:  # wake only the peers sleeping in their own agree() (or anywhere: cheap if not)
+            if r != me and self.board.state(r) == shm.WAITING:
                 self.bells[r].release()
         mine = zlib.crc32(sig)
         todo = [r for r in ranks if r != me]
@@ -460,8 +501,11 @@ class Transport:
                     raise CommTimeoutError(self._report_text(
                         f"rank {me} waited {now - t0:.1f} s for ranks {late} to join {what}", now - t0))
                 if not blocked:
+                    if self.spin and now - t0 < self.spin:
+                        continue
                     blocked = True
                     self.board.set_state(me, shm.WAITING, time.time(), f"{what} (waiting for ranks {late} to join)")
+                    continue  # look once more now that peers can see we sleep: no lost wake-up
                 if self.bell.acquire(True, min(self.timeout - (now - t0), 0.25)):
                     while self.bell.acquire(False):
                         pass
