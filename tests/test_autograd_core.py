@@ -393,3 +393,8 @@ def test_astype_gradient_is_cast_back_and_float16_works():
     out = (h @ h.T).relu().sum()
     out.backward()
     assert out.dtype == np.float16 and h.grad.dtype == np.float16 and h.grad.shape == (3, 2)
+
+
+def test_non_shape_value_errors_are_not_reported_as_broadcasting():
+    with pytest.raises(ValueError, match="negative integer powers"):
+        md.tensor(np.array([2, 3])) ** -1

@@ -58,11 +58,6 @@ def _same_float(op: str, *ts: Tensor | None) -> np.dtype:
     return dtypes.pop()
 
 
-def _charge(name: str, flops: float, nbytes: float, dtype: np.dtype) -> None:
-    if _cost._hook is not None:
-        _cost.charge(name, flops, nbytes, dtype)
-
-
 # ---------------------------------------------------------------------------- softmax family
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """exp(x - max) / sum: subtracting the max changes nothing mathematically and avoids overflow."""
@@ -71,10 +66,12 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     y = xd - xd.max(axis=axis, keepdims=True)
     np.exp(y, out=y)
     y /= y.sum(axis=axis, keepdims=True)
-    _charge("softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("softmax.backward", 4 * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("softmax.backward", 4 * g.size, 3 * g.nbytes, g.dtype)
         gx = g * y
         gx -= y * gx.sum(axis=axis, keepdims=True)  # y * (g - <g, y>)
         return (gx,)
@@ -87,10 +84,12 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     xd = x.data
     y = xd - xd.max(axis=axis, keepdims=True)
     y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
-    _charge("log_softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("log_softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("log_softmax.backward", (TRANSCENDENTAL + 2) * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("log_softmax.backward", (TRANSCENDENTAL + 2) * g.size, 3 * g.nbytes, g.dtype)
         return (g - np.exp(y) * g.sum(axis=axis, keepdims=True),)
 
     return _record(y, (x,), grads, "log_softmax")
@@ -125,10 +124,12 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
         y = xhat.copy()
     if bias is not None:
         y += bias.data
-    _charge("layer_norm", 8 * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("layer_norm", 8 * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("layer_norm.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("layer_norm.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
         gb = g.reshape(-1, c).sum(axis=0) if _needs(bias) else None
         a = g * xhat
         gw = a.reshape(-1, c).sum(axis=0) if _needs(weight) else None
@@ -160,10 +161,12 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     rstd = 1.0 / np.sqrt((xd * xd).mean(axis=-1, keepdims=True) + eps)
     xhat = xd * rstd
     y = xhat * weight.data if weight is not None else xhat
-    _charge("rms_norm", 5 * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("rms_norm", 5 * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("rms_norm.backward", 7 * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("rms_norm.backward", 7 * g.size, 3 * g.nbytes, g.dtype)
         gw = (g * xhat).reshape(-1, c).sum(axis=0) if _needs(weight) else None
         gx = None
         if x.requires_grad:
@@ -204,10 +207,12 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
         y = xd * cdf
     else:
         raise ValueError(f"gelu: approximate must be 'tanh' or 'none', got {approximate!r}")
-    _charge("gelu", (TRANSCENDENTAL + 7) * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("gelu", (TRANSCENDENTAL + 7) * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("gelu.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("gelu.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
         if approximate == "tanh":
             # dy/dx = (1 + t)/2 + (1 - t^2) * c x (1 + 3 a x^2) / 2
             d = t * t
@@ -234,10 +239,12 @@ def silu(x: Tensor) -> Tensor:
     xd = x.data
     s = ops._sigmoid(xd)
     y = xd * s
-    _charge("silu", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("silu", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("silu.backward", 5 * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("silu.backward", 5 * g.size, 3 * g.nbytes, g.dtype)
         return (g * (s * (1 + xd * (1 - s))),)
 
     return _record(y, (x,), grads, "silu")
@@ -260,10 +267,12 @@ def embedding(ids: Any, weight: Tensor) -> Tensor:
     if idx.size and (idx.min() < 0 or idx.max() >= v):
         raise IndexError(f"embedding: ids must be in [0, {v}), got range [{idx.min()}, {idx.max()}]")
     out = weight.data[idx]
-    _charge("embedding", 0, idx.nbytes + 2 * out.nbytes, out.dtype)
+    if _cost._hook is not None:
+        _cost.charge("embedding", 0, idx.nbytes + 2 * out.nbytes, out.dtype)
 
     def grads(g):
-        _charge("embedding.backward", g.size, 2 * g.nbytes + idx.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("embedding.backward", g.size, 2 * g.nbytes + idx.nbytes, g.dtype)
         return (Partial(idx, g, add_at=True),)  # a token can appear many times
 
     return _record(out, (weight,), grads, "embedding")
@@ -300,10 +309,12 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100, reduct
         out = np.asarray(losses.sum(), dtype=x.dtype)
     else:
         out = losses.reshape(t.shape).astype(x.dtype, copy=False)
-    _charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype)
+    if _cost._hook is not None:
+        _cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype)
 
     def grads(g):
-        _charge("cross_entropy.backward", 3 * x.size, 2 * x.nbytes, x.dtype)
+        if _cost._hook is not None:
+            _cost.charge("cross_entropy.backward", 3 * x.size, 2 * x.nbytes, x.dtype)
         if reduction == "none":
             w = g.reshape(-1) * valid
         elif reduction == "mean":
@@ -338,10 +349,12 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, rng: None | int | 
         draw = gen.random(xd.shape, dtype=np.float64 if xd.dtype == np.float64 else np.float32)
         mask = ((draw >= p) * (1.0 / (1.0 - p))).astype(xd.dtype, copy=False)
     y = xd * mask
-    _charge("dropout", 2 * y.size, xd.nbytes + y.nbytes, y.dtype)
+    if _cost._hook is not None:
+        _cost.charge("dropout", 2 * y.size, xd.nbytes + y.nbytes, y.dtype)
 
     def grads(g):
-        _charge("dropout.backward", g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("dropout.backward", g.size, 3 * g.nbytes, g.dtype)
         return (g * mask,)
 
     return _record(y, (x,), grads, "dropout")
@@ -363,11 +376,14 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
     except ValueError:
         raise ValueError(f"where: shapes {c.shape}, {np.shape(ad)} and {np.shape(bd)} cannot be broadcast "
                          f"together") from None
-    _charge("where", out.size, c.nbytes + np.asarray(ad).nbytes + np.asarray(bd).nbytes + out.nbytes, out.dtype)
+    if _cost._hook is not None:
+        _cost.charge("where", out.size, c.nbytes + np.asarray(ad).nbytes + np.asarray(bd).nbytes + out.nbytes,
+                     out.dtype)
     ash, bsh = np.shape(ad), np.shape(bd)
 
     def grads(g):
-        _charge("where.backward", 2 * g.size, 3 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("where.backward", 2 * g.size, 3 * g.nbytes, g.dtype)
         zero = g.dtype.type(0)
         ga = unbroadcast(np.where(c, g, zero), ash) if _needs(at) else None
         gb = unbroadcast(np.where(c, zero, g), bsh) if _needs(bt) else None
@@ -384,10 +400,12 @@ def masked_fill(x: Tensor, mask: Any, value: float) -> Tensor:
         out = np.where(m, xd.dtype.type(value), xd)
     except ValueError:
         raise broadcast_error("masked_fill", xd, m) from None
-    _charge("masked_fill", out.size, xd.nbytes + m.nbytes + out.nbytes, out.dtype)
+    if _cost._hook is not None:
+        _cost.charge("masked_fill", out.size, xd.nbytes + m.nbytes + out.nbytes, out.dtype)
 
     def grads(g):
-        _charge("masked_fill.backward", g.size, 2 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("masked_fill.backward", g.size, 2 * g.nbytes, g.dtype)
         return (unbroadcast(np.where(m, g.dtype.type(0), g), xd.shape),)
 
     return _record(out, (x,), grads, "masked_fill")
@@ -442,12 +460,14 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and v {vd.shape} "
                          f"cannot be broadcast") from None
     pairs = p.size
-    _charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
-            qd.nbytes + kd.nbytes + vd.nbytes + out.nbytes, out.dtype)
+    if _cost._hook is not None:
+        _cost.charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
+                     qd.nbytes + kd.nbytes + vd.nbytes + out.nbytes, out.dtype)
 
     def grads(g):
-        _charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
-                qd.nbytes + kd.nbytes + vd.nbytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
+                         qd.nbytes + kd.nbytes + vd.nbytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
         gv = unbroadcast(np.swapaxes(p, -1, -2) @ g, vd.shape) if _needs(v) else None
         ds = g @ np.swapaxes(vd, -1, -2)
         ds -= (ds * p).sum(axis=-1, keepdims=True)
@@ -475,18 +495,21 @@ def cat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     ts = [as_tensor(t) for t in tensors]
     if not ts:
         raise ValueError("cat: need at least one tensor")
-    _same_float("cat", *ts) if all(t.dtype.kind == "f" for t in ts) else None
+    if all(t.dtype.kind == "f" for t in ts):
+        _same_float("cat", *ts)
     ax = _axis(axis, ts[0].ndim, "cat")
     try:
         out = np.concatenate([t.data for t in ts], axis=ax)
     except ValueError:
         raise ValueError(f"cat: shapes {[t.shape for t in ts]} do not match outside axis {axis}") from None
-    _charge("cat", 0, 2 * out.nbytes, out.dtype)
+    if _cost._hook is not None:
+        _cost.charge("cat", 0, 2 * out.nbytes, out.dtype)
     bounds = np.cumsum([0] + [t.shape[ax] for t in ts])
     lead = (slice(None),) * ax
 
     def grads(g):
-        _charge("cat.backward", 0, 2 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("cat.backward", 0, 2 * g.nbytes, g.dtype)
         return tuple(g[lead + (slice(bounds[i], bounds[i + 1]),)] if _needs(t) else None for i, t in enumerate(ts))
 
     return _record(out, ts, grads, "cat")
@@ -500,17 +523,20 @@ def stack(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     ts = [as_tensor(t) for t in tensors]
     if not ts:
         raise ValueError("stack: need at least one tensor")
-    _same_float("stack", *ts) if all(t.dtype.kind == "f" for t in ts) else None
+    if all(t.dtype.kind == "f" for t in ts):
+        _same_float("stack", *ts)
     try:
         out = np.stack([t.data for t in ts], axis=axis)
     except ValueError:
         raise ValueError(f"stack: all shapes must be equal, got {[t.shape for t in ts]}") from None
-    _charge("stack", 0, 2 * out.nbytes, out.dtype)
+    if _cost._hook is not None:
+        _cost.charge("stack", 0, 2 * out.nbytes, out.dtype)
     ax = axis % out.ndim
     lead = (slice(None),) * ax
 
     def grads(g):
-        _charge("stack.backward", 0, 2 * g.nbytes, g.dtype)
+        if _cost._hook is not None:
+            _cost.charge("stack.backward", 0, 2 * g.nbytes, g.dtype)
         return tuple(g[lead + (i,)] if _needs(t) else None for i, t in enumerate(ts))
 
     return _record(out, ts, grads, "stack")

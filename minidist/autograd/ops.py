@@ -42,6 +42,15 @@ def _rec(xt: Tensor | None, yt: Tensor | None = None) -> bool:
 
 
 # ---------------------------------------------------------------------------- binary elementwise
+def _raise_if_broadcastable(xd: Any, yd: Any) -> None:
+    """Inside ``except ValueError``: re-raise numpy's own error unless the shapes are the problem."""
+    try:
+        np.broadcast_shapes(np.shape(xd), np.shape(yd))
+    except ValueError:
+        return
+    raise
+
+
 def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops_bwd: int = 2) -> Callable:
     """Build a broadcasting binary op from its forward and ``grads(g, x, y, out, need_x, need_y)``."""
 
@@ -50,6 +59,7 @@ def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops
         try:
             out = fwd(xd, yd)
         except ValueError:
+            _raise_if_broadcastable(xd, yd)
             raise broadcast_error(name, xd, yd) from None
         if _cost._hook is not None:
             _cost.charge(name, flops_fwd * out.size, _nb(xd) + _nb(yd) + out.nbytes, out.dtype)
@@ -109,6 +119,7 @@ def _cmp(name: str, fn: Callable) -> Callable:
         try:
             return _const(fn(xd, yd))
         except ValueError:
+            _raise_if_broadcastable(xd, yd)
             raise broadcast_error(name, xd, yd) from None
 
     op.__name__ = name
