@@ -156,3 +156,41 @@ def test_isend_leaves_compute_free_until_wait():
     c = ALPHA + 1e6 / BETA
     assert res[0] == (pytest.approx(2e-4), pytest.approx(c))
     assert res[1] == pytest.approx(c)
+
+
+def _overlap(compute_s, async_op, n):
+    x = np.ones(n, np.float32)
+    w = dist.all_reduce(x, async_op=async_op)
+    t_issue = dist.now()
+    dist.compute(seconds=compute_s, name="backward")
+    if w is not None:
+        w.wait()
+    return t_issue, dist.now(), float(x[0])
+
+
+@pytest.mark.parametrize("compute_s", [1e-4, 5e-3])
+def test_async_all_reduce_beside_compute_costs_the_max_not_the_sum(compute_s):
+    n = 250_000  # 1 MB
+    c = ALPHA + 4 * n / BETA
+    comm = 2 * c  # direct all-reduce on 2 ranks: reduce to rank 0, then broadcast
+    sync = launch(_overlap, 2, args=(compute_s, False, n), cluster=UNIFORM)
+    over = launch(_overlap, 2, args=(compute_s, True, n), cluster=UNIFORM)
+    for r in range(2):
+        assert sync[r][1] == pytest.approx(comm + compute_s)
+        assert over[r][0] == 0.0  # issuing does not advance the program
+        assert over[r][1] == pytest.approx(max(comm, compute_s))
+        assert over[r][2] == 2.0
+    assert over.times == [pytest.approx(max(comm, compute_s))] * 2
+
+
+def test_sync_collective_after_async_waits_for_the_comm_stream():
+    def f():
+        x = np.ones(250_000, np.float32)
+        w = dist.all_reduce(x, async_op=True)
+        dist.all_reduce(x)  # same stream: starts after the first one
+        t = dist.now()
+        w.wait()
+        return t
+
+    c = ALPHA + 1e6 / BETA
+    assert list(launch(f, 2, cluster=UNIFORM)) == [pytest.approx(4 * c)] * 2

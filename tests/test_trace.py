@@ -1,0 +1,66 @@
+"""Trace: every charge is an event; Chrome/Perfetto JSON export; a matplotlib timeline."""
+
+import json
+
+import numpy as np
+import pytest
+
+import minidist.dist as dist
+from minidist.hardware.cluster import Cluster
+from minidist.hardware.trace import Event, Trace
+from minidist.runtime import launch
+
+
+def _work():
+    dist.compute(flops=1e12, bytes=1e6, name="matmul")
+    x = np.ones(1000, np.float32)
+    dist.all_reduce(x)
+    return dist.now()
+
+
+@pytest.fixture(scope="module")
+def result():
+    return launch(_work, 2, cluster=Cluster.uniform(1e-6, 1e9))
+
+
+def test_every_charge_is_an_event(result):
+    tr = result.trace
+    assert {e.stream for e in tr} == {"compute", "comm", "link"}
+    for r in (0, 1):
+        mm = tr.filter(rank=r, name="matmul").events
+        assert len(mm) == 1 and mm[0].flops == 1e12 and mm[0].start == 0.0
+        ar = tr.filter(rank=r, stream="comm").events
+        assert [e.name for e in ar] == ["all_reduce"] and ar[0].nbytes == 4000
+        assert ar[0].start == pytest.approx(mm[0].end) and ar[0].end == pytest.approx(result.times[r])
+    assert tr.end() == pytest.approx(max(result.times))
+    assert all(isinstance(e, Event) for e in tr) and len(tr) == len(tr.events)
+
+
+def test_chrome_json_export(result, tmp_path):
+    path = tmp_path / "run.trace.json"
+    doc = result.trace.to_chrome(str(path))
+    loaded = json.loads(path.read_text())
+    assert loaded == json.loads(json.dumps(doc))
+    spans = [e for e in loaded["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(result.trace)
+    mm = [e for e in spans if e["name"] == "matmul" and e["pid"] == 1][0]
+    want = result.trace.filter(rank=1, name="matmul").events[0].duration * 1e6
+    assert mm["ts"] == 0.0 and mm["dur"] == pytest.approx(want)
+    names = {(e["pid"], e["args"]["name"]) for e in loaded["traceEvents"] if e["ph"] == "M"}
+    assert (0, "rank 0") in names and (1, "compute") in names
+
+
+def test_timeline_plot(result):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = result.trace.plot(title="two ranks")
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
+    assert ax.get_xlabel() == "simulated time (ms)"
+
+
+def test_busy_merges_overlaps():
+    tr = Trace([Event(0, "comm", "a", 0.0, 2.0, 0, 0), Event(0, "comm", "b", 1.0, 3.0, 0, 0),
+                Event(0, "comm", "c", 5.0, 6.0, 0, 0), Event(1, "comm", "d", 0.0, 9.0, 0, 0)])
+    assert tr.busy(0, "comm") == 4.0 and tr.busy(1, "compute") == 0.0
