@@ -297,14 +297,21 @@ def test_function_identity_forward_allreduce_style_backward():
         @staticmethod
         def backward(ctx, g):
             calls.append(g.shape)
-            return g.data * 2  # stands in for an all-reduce over 2 ranks
+            g.data *= 2  # stands in for an in-place all-reduce over 2 ranks
+            return g
 
     x = leaf(3)
     y = CopyToParallel.apply(x)
     assert y is not x and y.data is x.data
-    (y * 3).sum().backward()
-    np.testing.assert_allclose(x.grad, 6)
+    z = y + 1
+    z.sum().backward()  # add hands the same gradient array to y and to nobody else...
+    np.testing.assert_allclose(x.grad, 2)
     assert calls == [(3,)]
+    a, b = leaf(3), leaf(3)
+    shared = a + CopyToParallel.apply(b)  # ...here the same array flows to a and into the Function
+    shared.sum().backward()
+    np.testing.assert_allclose(a.grad, 1)  # the in-place doubling did not leak into a's gradient
+    np.testing.assert_allclose(b.grad, 2)
 
 
 # ---------------------------------------------------------------------------- recomputation

@@ -18,8 +18,8 @@ the all-reduce forward with an identity backward.
 
 ``backward`` receives one gradient per output as a ``Tensor`` (zeros for unused outputs) and
 returns one gradient per forward argument (None for non-tensors or when not needed), as a tensor,
-array or None. The incoming gradients may share memory with other gradients: copy before
-writing into them in place.
+array or None. The gradients it receives are its own writable copies, so it may reduce them in
+place (``all_reduce(g.data)``) without corrupting another tensor's gradient.
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ class Function:
         name = cls.__name__
 
         def run(grads: list) -> tuple:
-            gs = [_const(np.zeros(s, dtype=t) if g is None else g) for g, s, t in zip(grads, shapes, dtypes)]
+            # private writable copies: a backward may all-reduce its gradient in place
+            gs = [_const(np.zeros(s, dtype=t) if g is None else np.array(g, dtype=t, copy=True))
+                  for g, s, t in zip(grads, shapes, dtypes)]
             previous = _gm.set_grad_enabled(False)  # a backward is not itself differentiated
             try:
                 out = cls.backward(ctx, *gs)
