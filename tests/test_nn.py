@@ -206,3 +206,34 @@ def test_dropout_train_and_eval():
     assert d(x) is x
     with pytest.raises(ValueError):
         nn.Dropout(1.0)
+
+
+def _linear_from(weight, bias):
+    m = nn.Linear(*weight.shape, bias=bias is not None, dtype=weight.dtype)
+    m.weight.data[...] = weight
+    if bias is not None:
+        m.bias.data[...] = bias
+    return m
+
+
+@pytest.mark.parametrize("n_kv", [4, 2])
+def test_attention_splits_by_heads_for_tensor_parallelism(n_kv):
+    # The layout promise that tensor parallelism relies on: give each of 2 ranks a contiguous block of
+    # query heads (columns of wq), the kv heads they read (columns of wk, wv) and the matching rows of wo;
+    # the sum of the two partial outputs is the full output.
+    d, H, tp = 8, 4, 2
+    full = nn.CausalSelfAttention(d, H, n_kv, rng=0, dtype=F64)
+    x = x64(2, 5, d)
+    hd, q_cols, kv_cols = d // H, d // tp, n_kv * (d // H) // tp
+    total = 0
+    for r in range(tp):
+        qs, ks = slice(r * q_cols, (r + 1) * q_cols), slice(r * kv_cols, (r + 1) * kv_cols)
+        shard = nn.CausalSelfAttention(d, H, n_kv, dtype=F64)
+        shard.wq = _linear_from(full.wq.weight.data[:, qs], full.wq.bias.data[qs])
+        shard.wk = _linear_from(full.wk.weight.data[:, ks], full.wk.bias.data[ks])
+        shard.wv = _linear_from(full.wv.weight.data[:, ks], full.wv.bias.data[ks])
+        # The output bias is added once, after the sum (by rank 0 here).
+        shard.wo = _linear_from(full.wo.weight.data[qs, :], full.wo.bias.data if r == 0 else np.zeros(d))
+        assert shard.wq.weight.shape == (d, H // tp * hd)
+        total = total + shard(x).data
+    np.testing.assert_allclose(total, full(x).data, rtol=1e-10, atol=1e-12)
