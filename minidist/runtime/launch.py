@@ -33,7 +33,7 @@ from minidist.runtime.errors import RankAborted, RankError
 from minidist.runtime.transport import Transport
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-GRACE = 2.0  # seconds the parent waits for the other ranks' reports once one rank has failed
+GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one rank has failed
 
 
 class LaunchResult(Sequence):
