@@ -237,3 +237,9 @@ def test_attention_splits_by_heads_for_tensor_parallelism(n_kv):
         assert shard.wq.weight.shape == (d, H // tp * hd)
         total = total + shard(x).data
     np.testing.assert_allclose(total, full(x).data, rtol=1e-10, atol=1e-12)
+
+
+def test_nn_functional_is_the_autograd_functional():
+    for name in ("softmax", "log_softmax", "layer_norm", "rms_norm", "gelu", "silu", "cross_entropy",
+                 "scaled_dot_product_attention", "embedding", "dropout"):
+        assert getattr(md.nn.functional, name) is getattr(md.autograd.functional, name)
