@@ -30,5 +30,6 @@ from minidist import estimate  # noqa: E402,F401
 
 # isort: split
 
-# --- labs ---
+# --- viz, labs ---
+from minidist import hardware, viz  # noqa: E402,F401
 from minidist import labs  # noqa: E402,F401

@@ -38,6 +38,7 @@ def strip_solutions(source: str, markdown: bool = False) -> str:
 def exercise_notebook(nb: dict) -> dict:
     """The exercise version of a solution notebook (a new dict; the input is not changed)."""
     out = json.loads(json.dumps(nb))
+    out.get("metadata", {}).pop("widgets", None)  # saved widget state belongs to a run, not to the exercise
     for cell in out.get("cells", []):
         src = cell.get("source", "")
         text = "".join(src) if isinstance(src, list) else src
