@@ -31,5 +31,4 @@ from minidist import estimate  # noqa: E402,F401
 # isort: split
 
 # --- viz, labs ---
-from minidist import hardware, viz  # noqa: E402,F401
-from minidist import labs  # noqa: E402,F401
+from minidist import hardware, labs, viz  # noqa: E402,F401
