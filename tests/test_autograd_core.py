@@ -398,3 +398,19 @@ def test_astype_gradient_is_cast_back_and_float16_works():
 def test_non_shape_value_errors_are_not_reported_as_broadcasting():
     with pytest.raises(ValueError, match="negative integer powers"):
         md.tensor(np.array([2, 3])) ** -1
+
+
+def test_leaf_grad_never_aliases_memory_someone_else_holds():
+    x = md.tensor(np.ones((2, 3)), requires_grad=True)
+    seed = np.ones(6)
+    x.reshape(6).backward(seed)  # x.grad would be a view of the caller's array
+    assert not np.shares_memory(x.grad, seed)
+    x.reshape(6).backward(seed)
+    np.testing.assert_array_equal(seed, 1)  # in-place accumulation did not write into it
+    kept = []
+    w = md.tensor(np.ones((3, 2)), requires_grad=True)
+    w.register_hook(lambda g: kept.append(g))
+    (md.tensor(np.ones((4, 3))) @ w).sum().backward()
+    (md.tensor(np.ones((4, 3))) @ w).sum().backward()
+    np.testing.assert_array_equal(kept[0], 4)  # the hook's array was not accumulated into
+    np.testing.assert_array_equal(w.grad, 8)

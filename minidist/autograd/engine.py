@@ -18,6 +18,8 @@ buffer instead of materialising a zero-padded array per use.
 
 from __future__ import annotations
 
+import sys
+import sysconfig
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,6 +50,11 @@ class Slot:
 
     def __init__(self, i: int, n: int, value: np.ndarray) -> None:
         self.i, self.n, self.value = i, n, value
+
+
+# CPython's reference counts are exact (numpy's temporary elision relies on the same fact); the
+# free-threaded build defers some counts, so there every possibly shared gradient is copied.
+_EXACT_REFCOUNT = sys.implementation.name == "cpython" and not sysconfig.get_config_var("Py_GIL_DISABLED")
 
 
 def _freed(_g: Any) -> tuple:
@@ -100,8 +107,16 @@ def _finalize_leaf(t: Tensor, entry: list | None) -> None:
     if g.shape != t.data.shape or g.dtype != t.data.dtype:
         g, owned = np.broadcast_to(g, t.data.shape).astype(t.data.dtype), True
     if t.grad is None:
-        # own the buffer so later accumulation can be in place
-        t.grad = g if owned and g.flags.writeable and g.base is None else np.array(g, copy=True)
+        # .grad must be memory nobody else can reach, so that later accumulation can be in place.
+        # A fresh result (referenced only here: entry, g and getrefcount's argument; or a reshaped
+        # view whose whole base only it references) is adopted; a possibly shared one is copied.
+        private = owned and g.base is None
+        if not private and _EXACT_REFCOUNT and g.flags.writeable and sys.getrefcount(g) <= 3:
+            base = g.base
+            private = base is None or (base.__class__ is np.ndarray and base.base is None
+                                       and base.size == g.size and sys.getrefcount(base) <= 3)
+            base = None
+        t.grad = g if private else np.array(g, copy=True)
     else:
         t.grad += g
     if t._post_hooks:
@@ -172,6 +187,7 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Any], retain_graph: bo
         if not retain_graph:
             t._backward = _freed
             t._parents = ()
+        finished = []
         for p, pg in zip(parents, pgrads):
             if not p.requires_grad:
                 continue
@@ -182,6 +198,13 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Any], retain_graph: bo
             uses[k] = n
             if n == 0:
                 if p._backward is None:
-                    _finalize_leaf(p, pending.pop(k, None))
+                    finished.append((p, pending.pop(k, None)))
                 else:
                     ready.append(p)
+        # drop this node's references to its gradients first, so a fresh one can be adopted as .grad
+        g = entry = pgrads = pg = None
+        finished.reverse()
+        while finished:
+            p, e = finished.pop()
+            _finalize_leaf(p, e)
+            p = e = None
