@@ -43,7 +43,10 @@ The functions and what they receive (arrays are C-contiguous; ``root`` is a grou
   ``c.node(i)`` and ``c.link(i, j)`` (topology), ``c.name`` (the collective being run);
 * ``c.isend(buf, peer, tag=0)`` and ``c.irecv(buf, peer, tag=0, op=None)`` return handles; with
   ``op`` the receive reduces into ``buf`` straight from shared memory (no temporary). ``buf`` must be
-  C-contiguous (a slice of a flat buffer is); do not touch a send buffer until it is waited;
+  C-contiguous (a slice of a flat buffer is); do not touch a send buffer until it is waited. A
+  send handle completes (in real time) once its bytes are in the channel, it does not wait for the
+  receiver; the ranks' arguments were already published and every message carries the call's
+  signature, so a disagreeing receiver refuses the data and every rank raises;
 * ``c.wait(*handles)`` blocks until they complete and moves the cursor ``c.now`` to the latest
   completion. ``c.send``, ``c.recv`` and ``c.sendrecv(sendbuf, dst, recvbuf, src, tag=0, op=None)``
   are the blocking forms (``sendrecv`` runs both at once: one step of a ring);

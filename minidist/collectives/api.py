@@ -65,12 +65,16 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async
     c._sig = sig
     try:
         if group.size() > 1:
-            tp.agree(group.ranks, group.key, seq, sig, name)
+            tp.publish(group.ranks, group.key, seq, sig)
         body(c, fn)
+        if group.size() > 1:
+            tp.agree(group.ranks, group.key, seq, sig, name)
     except MismatchError as e:  # the call is broken on every rank: make sure they all hear why
         tp.board.abort(str(e), mismatch=True)
         tp.ring_all()
         raise
+    finally:
+        tp.coll = None
     if after is not None:
         after()
     ctx.clock.end_comm(name, start, cursor.t, nbytes, async_op)

@@ -163,6 +163,7 @@ class Transport:
         self.cur_in: dict[int, object] = {}
         self.stash: dict[int, list] = {}
         self.failed: list = []  # ops whose error has not been raised yet
+        self.coll = None  # (ranks, group key, seq, signature) of the collective in progress
         self.spin = spin_seconds(self.world)
 
     def _slot(self, src, dst, i):
@@ -455,19 +456,31 @@ class Transport:
                     f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
                     f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
                 )
+        if self.coll is not None:  # stuck inside a collective: maybe because the ranks disagree
+            ranks, key, seq, sig = self.coll
+            mine = zlib.crc32(sig)
+            for r in ranks:
+                got = self.board.lookup(r, key) if r != self.rank else None
+                if got is not None and got[0] == seq and got[1] != mine:
+                    raise MismatchError(f"ranks disagree about a collective call: rank {r} called {got[2]}; "
+                                        f"rank {self.rank} called {sig.decode(errors='replace')}")
+
+    def publish(self, ranks, key: int, seq: int, sig: bytes) -> None:
+        """Announce this rank's collective call on the board (checked by peers that wait on us)."""
+        self.board.publish(self.rank, key, seq, sig)
+        for r in ranks:  # wake only the peers sleeping (maybe in agree(), waiting for this)
+            if r != self.rank and self.board.state(r) == shm.WAITING:
+                self.bells[r].release()
+        self.coll = (ranks, key, seq, sig)
 
     def agree(self, ranks, key: int, seq: int, sig: bytes, what: str) -> None:
-        """Publish this rank's collective call and wait until every member has published its own.
+        """Wait until every member has published the same call (after the data moved, so usually at once).
 
-        No simulated time passes; the wall-clock cost is one look at the board (plus a wait for
-        latecomers). Ranks that disagree all raise, each naming the other's call: a member that is
-        already past this call has checked ours, so it agreed.
+        No simulated time passes. Ranks that disagree all raise, each naming the other's call: a
+        member that is already past this call has checked ours, so it agreed. Messages carry the
+        signature too, so no data is ever taken from a disagreeing call.
         """
         me = self.rank
-        self.board.publish(me, key, seq, sig)
-        for r in ranks:  # wake only the peers sleeping in their own agree() (or anywhere: cheap if not)
-            if r != me and self.board.state(r) == shm.WAITING:
-                self.bells[r].release()
         mine = zlib.crc32(sig)
         todo = [r for r in ranks if r != me]
         t0 = time.monotonic()
