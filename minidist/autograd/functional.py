@@ -26,7 +26,7 @@ from minidist.autograd.tensor import Tensor, _const, _new, as_tensor, broadcast_
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "gelu", "silu", "relu", "sigmoid", "tanh",
            "embedding", "cross_entropy", "dropout", "where", "masked_fill", "scaled_dot_product_attention",
-           "cat", "concatenate", "split", "stack", "matmul"]
+           "cat", "concatenate", "split", "chunk", "stack", "matmul"]
 
 
 def _record(out: np.ndarray, inputs: Sequence[Tensor | None], grads: Callable[[np.ndarray], Sequence], name: str
