@@ -192,6 +192,12 @@ def test_no_grad_builds_no_graph():
         return t * 2
 
     assert not f(x).requires_grad
+
+    @md.no_grad
+    def g(t):
+        return t * 2
+
+    assert not g(x).requires_grad and md.is_grad_enabled()
     with pytest.raises(RuntimeError, match="does not require grad"):
         y.backward()
 

@@ -377,3 +377,6 @@ def test_checkpoint_multiple_outputs_and_gradcheck():
     np.testing.assert_allclose(a.grad, np.exp(a.data) + 3)
     with md.no_grad():
         assert not checkpoint(lambda p: p * 2, a).requires_grad
+    a.grad = None
+    checkpoint(lambda p, scale=1.0: p * scale, a, scale=5.0).sum().backward()
+    np.testing.assert_allclose(a.grad, 5.0)

@@ -27,12 +27,16 @@ from minidist.autograd.function import attach_outputs
 from minidist.autograd.tensor import Tensor, _new
 
 
-def checkpoint(fn: Callable[..., Any], *args: Any, preserve_rng_state: bool = True) -> Any:
-    """``fn(*args)`` without storing its activations; they are recomputed during backward."""
+def checkpoint(fn: Callable[..., Any], *args: Any, preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` without storing its activations; they are recomputed during backward.
+
+    Only tensors among the positional ``args`` receive gradients (keyword arguments are passed
+    through unchanged, e.g. flags or seeds).
+    """
     rng_state = _random.get_rng_state() if preserve_rng_state else None
     previous = _gm.set_grad_enabled(False)
     try:
-        result = fn(*args)
+        result = fn(*args, **kwargs)
     finally:
         _gm.set_grad_enabled(previous)
     if not _gm._enabled:
@@ -52,7 +56,7 @@ def checkpoint(fn: Callable[..., Any], *args: Any, preserve_rng_state: bool = Tr
             _random.set_rng_state(rng_state)
         try:
             with _gm.enable_grad():
-                again = fn(*inputs)
+                again = fn(*inputs, **kwargs)
         finally:
             if saved is not None:
                 _random.set_rng_state(saved)

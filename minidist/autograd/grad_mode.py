@@ -32,7 +32,14 @@ def set_grad_enabled(mode: bool) -> bool:
 class _GradMode:
     _mode: bool
 
-    def __init__(self) -> None:
+    def __new__(cls, fn: Callable | None = None):
+        self = super().__new__(cls)
+        if fn is None:
+            return self
+        self.__init__()
+        return self(fn)  # bare decorator: ``@no_grad`` without parentheses
+
+    def __init__(self, fn: Callable | None = None) -> None:
         self._previous: list[bool] = []
 
     def __enter__(self) -> None:
@@ -56,7 +63,7 @@ class _GradMode:
 
 
 class no_grad(_GradMode):
-    """Do not record operations: ``with no_grad(): ...`` or ``@no_grad()``."""
+    """Do not record operations: ``with no_grad(): ...``, ``@no_grad()`` or ``@no_grad``."""
 
     _mode = False
 
