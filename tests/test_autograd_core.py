@@ -369,6 +369,15 @@ def test_every_op_reports_a_cost_and_nothing_without_hook():
         y.backward()
     assert log == ["exp", "mul", "add", "tanh", "sum", "sum.backward", "tanh.backward", "add.backward",
                    "mul.backward", "exp.backward"]
+    log.clear()
+    with cost.cost_hook(lambda *a: log.append(a[:3])):
+        y = x.T.reshape(6)[np.array([0, 0, 5])]
+        y.backward(np.ones(3))
+        _ = x > 0
+    names = [name for name, _, _ in log]
+    assert names == ["transpose", "reshape", "getitem", "getitem.backward", "reshape.backward",
+                     "transpose.backward", "gt"]
+    assert log[0][2] == 0 and log[1][2] == 2 * 6 * 8  # a view moves nothing; reshaping x.T copies
     assert cost.get_cost_hook() is None
 
 

@@ -117,10 +117,13 @@ def _cmp(name: str, fn: Callable) -> Callable:
     def op(x: Any, y: Any) -> Tensor:
         xt, xd, yt, yd = operands(name, x, y)
         try:
-            return _const(fn(xd, yd))
+            out = fn(xd, yd)
         except ValueError:
             _raise_if_broadcastable(xd, yd)
             raise broadcast_error(name, xd, yd) from None
+        if _cost._hook is not None:
+            _cost.charge(name, out.size, _nb(xd) + _nb(yd) + out.nbytes, _dtype_of(xd, yd))
+        return _const(out)
 
     op.__name__ = name
     return op
@@ -380,10 +383,19 @@ def reshape(x: Tensor, *shape: Any) -> Tensor:
         out = x.data.reshape(shape)
     except ValueError:
         raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} into shape {tuple(shape)}") from None
+    if _cost._hook is not None:  # a view moves no data (a non-contiguous input is copied: count that)
+        _cost.charge("reshape", 0, 0 if np.may_share_memory(out, x.data) else 2 * out.nbytes, out.dtype)
     if not (_gm._enabled and x.requires_grad):
         return _const(out)
     src = x.data.shape
-    return _new(out, (x,), lambda g: (g.reshape(src),), "reshape")
+
+    def backward(g):
+        gx = g.reshape(src)
+        if _cost._hook is not None:
+            _cost.charge("reshape.backward", 0, 0 if np.may_share_memory(gx, g) else 2 * g.nbytes, g.dtype)
+        return (gx,)
+
+    return _new(out, (x,), backward, "reshape")
 
 
 def transpose(x: Tensor, *axes: Any) -> Tensor:
@@ -399,10 +411,18 @@ def transpose(x: Tensor, *axes: Any) -> Tensor:
         raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {nd} axes of shape {x.shape}; "
                          f"use swapaxes(a, b) to exchange two axes")
     out = x.data.transpose(axes)
+    if _cost._hook is not None:
+        _cost.charge("transpose", 0, 0, out.dtype)  # a view: no data moves
     if not (_gm._enabled and x.requires_grad):
         return _const(out)
     inverse = tuple(np.argsort([a % nd for a in axes]))
-    return _new(out, (x,), lambda g: (g.transpose(inverse),), "transpose")
+
+    def backward(g):
+        if _cost._hook is not None:
+            _cost.charge("transpose.backward", 0, 0, g.dtype)
+        return (g.transpose(inverse),)
+
+    return _new(out, (x,), backward, "transpose")
 
 
 def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
@@ -448,6 +468,9 @@ def getitem(x: Tensor, idx: Any) -> Tensor:
         out = x.data[idx]
     except IndexError as e:
         raise IndexError(f"getitem: {e} (tensor shape {x.shape})") from None
+    if _cost._hook is not None:
+        view = isinstance(out, np.ndarray) and np.may_share_memory(out, x.data)
+        _cost.charge("getitem", 0, 0 if view else 2 * np.asarray(out).nbytes, x.data.dtype)
     if not (_gm._enabled and x.requires_grad):
         return _const(out)
     parts = idx if isinstance(idx, tuple) else (idx,)
