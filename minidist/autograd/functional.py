@@ -562,13 +562,21 @@ def split(x: Tensor, sizes_or_n: int | Sequence[int], axis: int = 0) -> tuple[Te
                              f"has length {n_ax}")
     lead = (slice(None),) * ax
     record = _gm._enabled and x.requires_grad
+    if _cost._hook is not None:
+        _cost.charge("split", 0, 0, x.dtype)  # the pieces are views
+
+    def piece_backward(g, idx):
+        if _cost._hook is not None:
+            _cost.charge("split.backward", g.size, 2 * g.nbytes, g.dtype)
+        return (Partial(idx, g),)
+
     outs, start = [], 0
     for s in sizes:
         idx = lead + (slice(start, start + s),)
         start += s
         piece = x.data[idx]
         if record:
-            outs.append(_new(piece, (x,), lambda g, idx=idx: (Partial(idx, g),), "split"))
+            outs.append(_new(piece, (x,), lambda g, idx=idx: piece_backward(g, idx), "split"))
         else:
             outs.append(_const(piece))
     return tuple(outs)
