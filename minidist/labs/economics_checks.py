@@ -1,0 +1,87 @@
+"""Checks for lab 03, economics and estimation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minidist.labs.check import check_cases, fail, passed
+
+
+def check_approx_params(fn: Callable[[int, int, int], float]) -> None:
+    """``fn(layers, hidden, vocab)`` = 12 L h^2 + 2 V h."""
+
+    def diagnose(args, expected, got):
+        L, h, V = args
+        if math.isclose(got, 12 * L * h * h, rel_tol=1e-9):
+            return "you left out the embeddings: 2 V h (input embedding and output projection)"
+        if math.isclose(got, 12 * L * h * h + V * h, rel_tol=1e-9):
+            return "untied embeddings count twice: V h in, V h out"
+        if math.isclose(got, 4 * L * h * h + 2 * V * h, rel_tol=1e-9) or math.isclose(got, 8 * L * h * h + 2 * V * h):
+            return "per layer: 4h^2 for attention (Q, K, V, O) plus 8h^2 for the MLP (h x 4h, 4h x h)"
+        return None
+
+    cases = [((48, 7168, 50_000), 12 * 48 * 7168**2 + 2 * 50_000 * 7168, "12 L h^2 + 2 V h"),
+             ((96, 12288, 50_257), 12 * 96 * 12288**2 + 2 * 50_257 * 12288, "GPT-3 175B's shape: about 175e9"),
+             ((2, 64, 100), 12 * 2 * 64**2 + 2 * 100 * 64, "a tiny model: embeddings matter here")]
+    check_cases("approx_params", fn, cases, diagnose=diagnose)
+
+
+def check_memory_estimates(state_fn: Callable[[float], float], act_fn: Callable) -> None:
+    """16 bytes per parameter; L s b h (34 + 5 a s / h) bytes of activations."""
+    check_cases("model_state_bytes", state_fn,
+                [((1e9,), 16e9, "2 (bf16 weights) + 2 (bf16 grads) + 4 + 4 + 4 (fp32 master, m, v) = 16 bytes"),
+                 ((70e9,), 1.12e12, "70B -> 1.12 TB")],
+                diagnose=lambda a, e, g: "Adam's m and v are fp32 and so is the master copy" if g in (8 * a[0],
+                                                                                                  12 * a[0]) else None)
+
+    def ref(s, b, h, a, L):
+        return L * s * b * h * (34 + 5 * a * s / h)
+
+    def diagnose(args, expected, got):
+        s, b, h, a, L = args
+        if math.isclose(got, L * s * b * h * 34, rel_tol=1e-9):
+            return "the attention scores add 5 a s / h per s b h: they grow with s^2"
+        if math.isclose(got, expected / L, rel_tol=1e-9):
+            return "that is one layer: multiply by the number of layers"
+        return None
+
+    check_cases("activation_bytes", act_fn,
+                [((4096, 1, 7168, 56, 48), ref(4096, 1, 7168, 56, 48), "s b h (34 + 5 a s / h) per layer"),
+                 ((2048, 4, 4096, 32, 32), ref(2048, 4, 4096, 32, 32), "the micro-batch b multiplies everything"),
+                 ((128, 2, 64, 4, 2), ref(128, 2, 64, 4, 2), "a tiny model")], diagnose=diagnose)
+
+
+def check_run_estimate(fn: Callable) -> None:
+    """(step seconds, tokens/s, days, dollars) from 6 Psi B / (P F MFU)."""
+    args = (30e9, 600e9, 4 * 2**20, 128, 989.4e12, 0.4, 4.0)
+    try:
+        got = fn(*args)
+    except NotImplementedError:
+        fail("run_estimate is not done yet", "(step, tokens/s, days, dollars)", "NotImplementedError")
+    psi, tokens, b, p, f, m, usd = args
+    step = 6 * psi * b / (p * f * m)
+    tps = b / step
+    secs = tokens / tps
+    want = (step, tps, secs / 86400, p * secs / 3600 * usd)
+    names = ("step seconds", "tokens per second", "days", "dollars")
+    hints = ("6 Psi B FLOPs shared by P GPUs at F * MFU each",
+             "tokens per step divided by seconds per step",
+             "tokens / (tokens per second), in days (86400 s)",
+             "GPU-hours: gpus * hours, times the price per GPU-hour")
+    if got is None or len(got) != 4:
+        fail("run_estimate must return 4 numbers", names, got)
+    for name, w, g, h in zip(names, want, got, hints):
+        if not math.isclose(float(g), w, rel_tol=1e-9):
+            fail(f"run_estimate{args}: {name} is wrong", w, g, h)
+    passed(f"run_estimate: {want[2]:.1f} days, ${want[3]:,.0f}")
+
+
+def check_sandbox_mfu(value: float, n_params: int, tokens: int, seconds: float, peak: float) -> None:
+    want = 6 * n_params * tokens / (seconds * peak)
+    if value is None or not math.isclose(float(value), want, rel_tol=1e-9):
+        hint = "MFU = (6 Psi tokens / seconds) / peak: achieved model FLOP/s over the peak"
+        if value is not None and math.isclose(float(value), want / 3, rel_tol=1e-9):
+            hint = "count the backward pass too: 6 Psi per token, not 2 Psi"
+        fail("sandbox MFU", want, value, hint)
+    passed(f"sandbox MFU = {want:.1%}")
