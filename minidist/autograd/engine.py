@@ -52,9 +52,17 @@ class Slot:
         self.i, self.n, self.value = i, n, value
 
 
-# CPython's reference counts are exact (numpy's temporary elision relies on the same fact); the
-# free-threaded build defers some counts, so there every possibly shared gradient is copied.
-_EXACT_REFCOUNT = sys.implementation.name == "cpython" and not sysconfig.get_config_var("Py_GIL_DISABLED")
+def _refcount_baseline() -> int:
+    entry = [np.empty(1), False]
+    g, _owned = entry
+    return sys.getrefcount(g)  # entry, g and the argument: 3 on CPython 3.10-3.13
+
+
+# Adopting a gradient relies on exact reference counts (as numpy's temporary elision does). The
+# free-threaded build defers counts and CPython 3.14 borrows some references, so elsewhere every
+# possibly shared gradient is simply copied.
+_EXACT_REFCOUNT = (sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+                   and not sysconfig.get_config_var("Py_GIL_DISABLED") and _refcount_baseline() == 3)
 
 
 def _freed(_g: Any) -> tuple:
