@@ -4,7 +4,9 @@ Each check runs the learner's function against a reference and raises :class:`Ch
 went wrong and a hint; on success it prints one line.
 """
 
+from minidist.labs.alpha_beta_checks import check_chunked_time, check_crossover, check_fit_alpha_beta, check_real_fit
 from minidist.labs.check import CheckFailed
+from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
 from minidist.labs.economics_checks import (
     check_approx_params,
     check_memory_estimates,
@@ -17,6 +19,7 @@ from minidist.labs.roofline_checks import (
     check_dp_network_intensity,
     check_matmul_intensity,
 )
+from minidist.labs.sandbox_checks import check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

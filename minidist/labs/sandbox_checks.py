@@ -1,0 +1,70 @@
+"""Checks for lab 00, the sandbox: the cost of one message, and a shift around a ring of ranks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from minidist.labs.check import CheckFailed, check_cases, passed
+from minidist.labs.ranks import compare_ranks, run_ranks
+
+
+def check_send_time(fn: Callable[[float, float, float], float]) -> None:
+    """``fn(nbytes, alpha, beta)`` must be alpha + nbytes / beta (seconds; beta in bytes/s)."""
+    nvlink, ib = (1e-6, 450e9), (2e-6, 50e9)
+    cases = [((4096, *nvlink), 1e-6 + 4096 / 450e9, "a small message inside a node: mostly latency"),
+             ((1e9, *ib), 2e-6 + 1e9 / 50e9, "1 GB over InfiniBand: mostly bandwidth (20 ms)"),
+             ((0, *ib), 2e-6, "an empty message still pays the latency alpha"),
+             ((1e6, 10e-6, 12.5e9), 10e-6 + 1e6 / 12.5e9, "100 Gb Ethernet: alpha = 10 us, beta = 12.5 GB/s")]
+
+    def diagnose(args, expected, got):
+        n, a, b = args
+        if math.isclose(got, n / b, rel_tol=1e-9):
+            return "you left out the latency alpha, paid once per message"
+        if math.isclose(got, a + n * b, rel_tol=1e-9):
+            return "beta is a bandwidth in bytes per second: divide the bytes by it"
+        if math.isclose(got, a + 8 * n / b, rel_tol=1e-9):
+            return "beta is already in bytes/s: no factor of 8"
+        return None
+
+    check_cases("send_time", fn, cases, diagnose=diagnose)
+
+
+def _shift_body(fn, n):
+    from minidist import dist
+
+    r = dist.get_rank()
+    x = (np.arange(n, dtype=np.float32) + 100.0 * r)
+    before = x.copy()
+    out = fn(x)
+    return out, bool(np.array_equal(x, before))
+
+
+def check_shift_right(fn: Callable[[np.ndarray], np.ndarray], world_sizes=(2, 3, 4), n: int = 4) -> None:
+    """``fn(x)`` runs on every rank and returns the ``x`` of the left neighbour, rank (r - 1) mod p.
+
+    Each rank's input is ``arange(n) + 100 * rank``, so a wrong answer shows whose data arrived.
+    """
+    for p in world_sizes:
+        res = run_ranks("shift_right", _shift_body, p, args=(fn, n))
+        got = [v[0] for v in res.values]
+        want = [np.arange(n, dtype=np.float32) + 100.0 * ((r - 1) % p) for r in range(p)]
+
+        def diagnose(r, g, w, p=p):
+            src = g.reshape(-1)[0] / 100.0 if g.size else None
+            if src == r:
+                return "a rank returned its own x: return the buffer you received into, not the one you sent"
+            if src == (r + 1) % p:
+                return "the data came from the right neighbour: send to (r + 1) % p and receive from (r - 1) % p"
+            return None
+
+        compare_ranks("shift_right", got, want, context=f"on {p} ranks (rank r's input is arange({n}) + 100*r)",
+                      diagnose=diagnose)
+        changed = [r for r, v in enumerate(res.values) if not v[1]]
+        if changed:
+            raise CheckFailed(f"shift_right on {p} ranks: ranks {changed} overwrote their input x\n  hint: receive "
+                              "into a new buffer (np.empty_like(x)): a buffer being sent must not change before "
+                              "the send completes")
+    passed(f"shift_right on {', '.join(map(str, world_sizes))} ranks: every rank holds its left neighbour's data")
