@@ -101,4 +101,13 @@ def choose(collective: str, nbytes: int, c) -> str:
     return "direct"
 
 
-from minidist.collectives import direct  # noqa: E402,F401  (registers the naive algorithms)
+# importing a file registers its algorithms
+from minidist.collectives import (  # noqa: E402,F401
+    bidirectional_ring,
+    direct,
+    halving_doubling,
+    hierarchical,
+    pairwise,
+    ring,
+    tree,
+)
