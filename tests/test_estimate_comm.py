@@ -18,7 +18,9 @@ def lg(p):
 CLOSED = {
     ("all_reduce", "ring"): lambda n, p: 2 * (p - 1) * A + 2 * (p - 1) / p * n / B,
     ("all_reduce", "tree"): lambda n, p: 2 * lg(p) * (A + n / B),
-    ("all_reduce", "bidirectional_ring"): lambda n, p: (p - 1) * A + (p - 1) / p * n / B,
+    # two half-rings: 2(p-1) steps of n/(2p) each way (the book's (p-1) alpha is not reachable); p=2 is the ring
+    ("all_reduce", "bidirectional_ring"): lambda n, p: (2 * A + n / B if p == 2
+                                                       else 2 * (p - 1) * A + (p - 1) / p * n / B),
     ("reduce_scatter", "ring"): lambda n, p: (p - 1) * (A + n / (p * B)),
     ("all_gather", "ring"): lambda n, p: (p - 1) * (A + n / (p * B)),
     ("all_to_all", "pairwise"): lambda n, p: (p - 1) * (A + n / (p * B)),

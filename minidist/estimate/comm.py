@@ -51,10 +51,13 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
     - all_reduce halving_doubling (Rabenseifner): 2 log2(p) a + 2(p-1)/p n/b for p = 2^k. For other p,
       the r = p - 2^k extra ranks first fold their buffer into a partner and get the result back at the
       end: 2 (a + n/b) more, plus the power-of-two formula on p' = 2^k.
-    - all_reduce bidirectional_ring: (p-1) a + (p-1)/p n/b (half the data each way on full-duplex links;
-      the book's table; needs even p in practice, we do not enforce it)
-    - reduce_scatter / all_gather ring: (p-1)(a + n/(p b)); halving_doubling: log2(p) a + (p-1)/p n/b for
-      p = 2^k, else (a + n/b) for the fold plus that formula on p' = 2^k
+    - all_reduce bidirectional_ring: 2(p-1) a + (p-1)/p n/b for p >= 3: two half-size rings turning in
+      opposite directions on full-duplex links, each still taking 2(p-1) steps. The book's table gives
+      (p-1) a, which two half-rings cannot reach. For p = 2 both directions share the same two links,
+      so it is the plain ring: 2 a + n/b.
+    - reduce_scatter / all_gather ring: (p-1)(a + n/(p b)); halving_doubling: lg a + (p-1)/p n/b for
+      every p (recursive halving/doubling for p = 2^k, Bruck's rotated schedule otherwise; a fold of the
+      extra ranks would not deliver their own chunk, so it is not used here)
     - all_to_all pairwise: (p-1)(a + n/(p b)), n = the data each rank holds in total
     - broadcast / reduce (binomial tree): lg (a + n/b)
     - scatter / gather (binomial tree): lg a + (p-1)/p n/b
@@ -85,7 +88,9 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
         if algorithm == "tree":
             return 2 * lg * (a + n / b)
         if algorithm == "bidirectional_ring":
-            return (p - 1) * a + (p - 1) / p * n / b
+            if p == 2:
+                return 2 * a + n / b
+            return 2 * (p - 1) * a + (p - 1) / p * n / b
         k = p.bit_length() - 1  # halving_doubling on p' = 2^k, plus a fold for the remainder
         q = 1 << k
         fold = 2 * (a + n / b) if q != p else 0.0
@@ -93,10 +98,7 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
     if op in ("reduce_scatter", "all_gather"):
         if algorithm == "ring":
             return (p - 1) * (a + n / (p * b))
-        k = p.bit_length() - 1
-        q = 1 << k
-        fold = (a + n / b) if q != p else 0.0
-        return fold + k * a + (q - 1) / q * n / b
+        return lg * a + (p - 1) / p * n / b
     if op == "all_to_all":
         return (p - 1) * (a + n / (p * b))
     if op in ("broadcast", "reduce"):
