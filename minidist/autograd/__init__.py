@@ -13,8 +13,11 @@ parameters, which is why training a model is affordable at all.
     y.backward()            # x.grad == [2., 4.]
 
 Files: ``tensor.py`` (the data structure, dtype rules), ``engine.py`` (the traversal),
-``ops.py`` (primitive ops), ``functional.py`` (fused ops), ``function.py`` (custom ops),
-``checkpoint.py`` (recomputation), ``grad_mode.py`` (no_grad), ``cost.py`` (FLOP/byte reporting).
+``ops.py``, ``reductions.py``, ``shape_ops.py`` (primitive ops), ``functional.py`` (fused ops,
+gathered from ``softmax.py``, ``norms.py``, ``activations.py``, ``attention.py``,
+``masking.py``, ``indexing.py``), ``function.py`` (custom ops), ``checkpoint.py``
+(recomputation), ``grad_mode.py`` (no_grad), ``random.py`` (dropout's default generator),
+``cost.py`` (FLOP/byte reporting).
 """
 
 from minidist.autograd import cost, functional, ops  # noqa: F401  (ops attaches operators to Tensor)

@@ -1,6 +1,8 @@
 """Primitive operations and their local derivatives, attached to ``Tensor`` at import.
 
-Each op computes its forward with numpy, reports its cost (FLOPs and bytes read + written) to
+Elementwise arithmetic, elementwise functions, casts and the matrix product live here;
+reductions in ``reductions.py``, shape operations and indexing in ``shape_ops.py``. Each op
+computes its forward with numpy, reports its cost (FLOPs and bytes read + written) to
 ``cost.charge`` when a hook is installed, and, if the result must be recorded, returns a tensor
 whose ``_backward`` closure maps the output gradient to one gradient per parent. Closures keep
 only what they need, never modify the incoming gradient in place, and sum broadcast dimensions
@@ -12,7 +14,6 @@ tanh, sqrt and friends, ``2*m*n*k`` for a matrix product (one multiply and one a
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,6 @@ import numpy as np
 
 from minidist.autograd import cost as _cost
 from minidist.autograd import grad_mode as _gm
-from minidist.autograd.engine import Partial
 from minidist.autograd.tensor import Tensor, _const, _new, broadcast_error, operands, unbroadcast
 
 TRANSCENDENTAL = 4
@@ -263,230 +263,12 @@ def matmul(x: Any, y: Any) -> Tensor:
     return _new(out, parents, backward, "matmul")
 
 
-# ---------------------------------------------------------------------------- reductions
-def _axes(axis: Any, ndim: int, op: str) -> tuple[int, ...]:
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    out = []
-    for a in axes:
-        if not -ndim <= a < builtins.max(ndim, 1):
-            raise ValueError(f"{op}: axis {a} is out of range for a tensor with {ndim} dimensions")
-        out.append(int(a) % builtins.max(ndim, 1))
-    return tuple(out)
-
-
-def _expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool, shape: tuple[int, ...]) -> np.ndarray:
-    """Broadcast a reduced gradient back over the reduced axes (a read-only view, no copy)."""
-    if not keepdims:
-        g = np.expand_dims(g, axes) if axes else g
-    return np.broadcast_to(g, shape)
-
-
-def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
-    xd = x.data
-    axes = _axes(axis, xd.ndim, "sum")
-    out = np.asarray(xd.sum(axis=axes, keepdims=keepdims))
-    if _cost._hook is not None:
-        _cost.charge("sum", xd.size, xd.nbytes + out.nbytes, xd.dtype)
-    if not (_gm._enabled and x.requires_grad):
-        return _const(out)
-    shape = xd.shape
-
-    def backward(g):
-        if _cost._hook is not None:
-            _cost.charge("sum.backward", 0, g.nbytes + xd.nbytes, g.dtype)
-        return (_expand(g, axes, keepdims, shape),)
-
-    return _new(out, (x,), backward, "sum")
-
-
-def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
-    xd = x.data
-    axes = _axes(axis, xd.ndim, "mean")
-    out = np.asarray(xd.mean(axis=axes, keepdims=keepdims))
-    count = int(np.prod([xd.shape[a] for a in axes])) if axes else 1
-    if _cost._hook is not None:
-        _cost.charge("mean", xd.size + out.size, xd.nbytes + out.nbytes, xd.dtype)
-    if not (_gm._enabled and x.requires_grad):
-        return _const(out)
-    shape = xd.shape
-
-    def backward(g):
-        if _cost._hook is not None:
-            _cost.charge("mean.backward", xd.size, g.nbytes + xd.nbytes, g.dtype)
-        return (_expand(g * (1.0 / count), axes, keepdims, shape).astype(xd.dtype, copy=False),)
-
-    return _new(out, (x,), backward, "mean")
-
-
-def _extreme(name: str, reduce: Callable) -> Callable:
-    def op(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
-        xd = x.data
-        axes = _axes(axis, xd.ndim, name)
-        kept = reduce(xd, axis=axes, keepdims=True)
-        out = kept if keepdims else kept.reshape([s for i, s in enumerate(xd.shape) if i not in axes])
-        if _cost._hook is not None:
-            _cost.charge(name, xd.size, xd.nbytes + out.nbytes, xd.dtype)
-        if not (_gm._enabled and x.requires_grad):
-            return _const(out)
-
-        def backward(g):
-            if _cost._hook is not None:
-                _cost.charge(name + ".backward", 3 * xd.size, 3 * xd.nbytes, g.dtype)
-            # ties share the gradient equally, so the result is a valid subgradient
-            hit = xd == kept
-            count = hit.sum(axis=axes, keepdims=True)
-            gk = g if keepdims else np.expand_dims(g, axes)
-            return (hit * (gk / count).astype(xd.dtype, copy=False),)
-
-        return _new(out, (x,), backward, name)
-
-    op.__name__ = name
-    return op
-
-
-max = _extreme("max", np.max)
-min = _extreme("min", np.min)
-
-
-def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-    """Variance with ``ddof`` (0 = population variance, the one LayerNorm uses)."""
-    xd = x.data
-    axes = _axes(axis, xd.ndim, "var")
-    count = int(np.prod([xd.shape[a] for a in axes])) if axes else 1
-    mu = xd.mean(axis=axes, keepdims=True)
-    dev = xd - mu
-    out = np.asarray((dev * dev).sum(axis=axes, keepdims=keepdims) / (count - ddof)).astype(xd.dtype, copy=False)
-    if _cost._hook is not None:
-        _cost.charge("var", 4 * xd.size, xd.nbytes + out.nbytes, xd.dtype)
-    if not (_gm._enabled and x.requires_grad):
-        return _const(out)
-
-    def backward(g):
-        if _cost._hook is not None:
-            _cost.charge("var.backward", 2 * xd.size, 2 * xd.nbytes, g.dtype)
-        gk = g if keepdims else np.expand_dims(g, axes)
-        return (dev * (gk * (2.0 / (count - ddof))).astype(xd.dtype, copy=False),)
-
-    return _new(out, (x,), backward, "var")
-
-
-# ---------------------------------------------------------------------------- shape ops
-def _shape_arg(shape: tuple) -> tuple:
-    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-
-
-def reshape(x: Tensor, *shape: Any) -> Tensor:
-    shape = _shape_arg(shape)
-    try:
-        out = x.data.reshape(shape)
-    except ValueError:
-        raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} into shape {tuple(shape)}") from None
-    if _cost._hook is not None:  # a view moves no data (a non-contiguous input is copied: count that)
-        _cost.charge("reshape", 0, 0 if np.may_share_memory(out, x.data) else 2 * out.nbytes, out.dtype)
-    if not (_gm._enabled and x.requires_grad):
-        return _const(out)
-    src = x.data.shape
-
-    def backward(g):
-        gx = g.reshape(src)
-        if _cost._hook is not None:
-            _cost.charge("reshape.backward", 0, 0 if np.may_share_memory(gx, g) else 2 * g.nbytes, g.dtype)
-        return (gx,)
-
-    return _new(out, (x,), backward, "reshape")
-
-
-def transpose(x: Tensor, *axes: Any) -> Tensor:
-    """Permute axes with numpy's rule: no argument reverses them; otherwise give all of them.
-
-    (torch's ``transpose(dim0, dim1)`` is ``swapaxes`` here.)
-    """
-    axes = _shape_arg(axes)
-    nd = x.data.ndim
-    if not axes:
-        axes = tuple(range(nd - 1, -1, -1))
-    if len(axes) != nd or sorted(a % nd for a in axes) != list(range(nd)):
-        raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {nd} axes of shape {x.shape}; "
-                         f"use swapaxes(a, b) to exchange two axes")
-    out = x.data.transpose(axes)
-    if _cost._hook is not None:
-        _cost.charge("transpose", 0, 0, out.dtype)  # a view: no data moves
-    if not (_gm._enabled and x.requires_grad):
-        return _const(out)
-    inverse = tuple(np.argsort([a % nd for a in axes]))
-
-    def backward(g):
-        if _cost._hook is not None:
-            _cost.charge("transpose.backward", 0, 0, g.dtype)
-        return (g.transpose(inverse),)
-
-    return _new(out, (x,), backward, "transpose")
-
-
-def swapaxes(x: Tensor, a: int, b: int) -> Tensor:
-    nd = x.data.ndim
-    perm = list(range(nd))
-    perm[a], perm[b] = perm[b], perm[a]
-    return transpose(x, *perm)
-
-
-def unsqueeze(x: Tensor, axis: int) -> Tensor:
-    shape = list(x.shape)
-    shape.insert(axis % (x.ndim + 1), 1)
-    return reshape(x, *shape)
-
-
-def squeeze(x: Tensor, axis: Any = None) -> Tensor:
-    return reshape(x, *np.squeeze(np.empty(x.shape, dtype=np.bool_), axis=axis).shape)
-
-
-def flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
-    nd = x.ndim
-    s, e = start % nd, end % nd
-    shape = x.shape
-    return reshape(x, *shape[:s], int(np.prod(shape[s:e + 1])), *shape[e + 1:])
-
-
-def _index_arg(idx: Any) -> Any:
-    if isinstance(idx, Tensor):
-        return idx.data
-    if isinstance(idx, tuple):
-        return tuple(i.data if isinstance(i, Tensor) else i for i in idx)
-    return idx
-
-
-def _is_int_array(i: Any) -> bool:
-    return (isinstance(i, np.ndarray) and i.dtype.kind in "iu") or isinstance(i, list)
-
-
-def getitem(x: Tensor, idx: Any) -> Tensor:
-    """``x[idx]``: slices, ints, None, Ellipsis, integer arrays and boolean masks."""
-    idx = _index_arg(idx)
-    try:
-        out = x.data[idx]
-    except IndexError as e:
-        raise IndexError(f"getitem: {e} (tensor shape {x.shape})") from None
-    if _cost._hook is not None:
-        view = isinstance(out, np.ndarray) and np.may_share_memory(out, x.data)
-        _cost.charge("getitem", 0, 0 if view else 2 * np.asarray(out).nbytes, x.data.dtype)
-    if not (_gm._enabled and x.requires_grad):
-        return _const(out)
-    parts = idx if isinstance(idx, tuple) else (idx,)
-    repeats = builtins.any(_is_int_array(i) for i in parts)  # integer arrays may hit a row twice
-
-    def backward(g):
-        if _cost._hook is not None:
-            _cost.charge("getitem.backward", g.size, 2 * g.nbytes, g.dtype)
-        return (Partial(idx, g, add_at=repeats),)
-
-    return _new(np.asarray(out), (x,), backward, "getitem")
-
-
 
 # ---------------------------------------------------------------------------- attach to Tensor
 def _attach() -> None:
+    from minidist.autograd import reductions as r
+    from minidist.autograd import shape_ops as s
+
     T = Tensor
     T.__add__ = add
     T.__radd__ = lambda self, other: add(other, self)
@@ -502,17 +284,12 @@ def _attach() -> None:
     T.__rmatmul__ = lambda self, other: matmul(other, self)
     T.__neg__ = neg
     T.__lt__, T.__le__, T.__gt__, T.__ge__, T.__eq__, T.__ne__ = lt, le, gt, ge, eq, ne
-    T.__getitem__ = getitem
-    for f in (exp, log, sqrt, tanh, sigmoid, relu, abs, clip, astype, sum, mean, max, min, var,
-              reshape, transpose, swapaxes, unsqueeze, squeeze, flatten, matmul):
+    T.__getitem__ = s.getitem
+    for f in (exp, log, sqrt, tanh, sigmoid, relu, abs, clip, astype, matmul, r.sum, r.mean, r.max, r.min, r.var,
+              s.reshape, s.transpose, s.permute, s.swapaxes, s.unsqueeze, s.squeeze, s.flatten):
         setattr(T, f.__name__, f)
-    T.view = reshape
-    T.permute = lambda self, *axes: transpose(self, *axes) if axes else _permute_error(self)
-    T.T = property(lambda self: transpose(self))
-
-
-def _permute_error(x: Tensor) -> Tensor:
-    raise ValueError(f"permute: give the new order of all {x.ndim} axes")
+    T.view = s.reshape
+    T.T = property(lambda self: s.transpose(self))
 
 
 _attach()

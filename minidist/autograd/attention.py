@@ -1,0 +1,90 @@
+"""Scaled dot-product attention fused into one node (chapters 17 and 31a build on it).
+
+The forward keeps the attention probabilities P; the backward is four matrix products and one
+softmax backward: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dP * P))``,
+``dQ = dS K * scale``, ``dK = dS^T Q * scale``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from minidist.autograd import cost as _cost
+from minidist.autograd.fused import needs_grad, record, same_float
+from minidist.autograd.ops import TRANSCENDENTAL
+from minidist.autograd.tensor import Tensor, unbroadcast
+
+
+@functools.lru_cache(maxsize=64)
+def _future(tq: int, tk: int) -> np.ndarray:
+    """The causal mask, top-left aligned: True where key j > query i (cached, read-only)."""
+    m = np.triu(np.ones((tq, tk), dtype=bool), k=1)
+    m.flags.writeable = False
+    return m
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                                 attn_mask: Any = None, scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + mask) v for (..., T, d) inputs, as one node.
+
+    ``is_causal`` uses the top-left convention (like torch): query i sees keys j <= i, whatever
+    Tq and Tk are. ``attn_mask``: boolean (True = may attend) or additive float, broadcast to
+    (..., Tq, Tk); it is not differentiated. A query that may attend to nothing gets NaN.
+    Batch dimensions broadcast (e.g. k, v of shape (B, 1, T, d) shared by all heads).
+    """
+    same_float("scaled_dot_product_attention", q, k, v)
+    qd, kd, vd = q.data, k.data, v.data
+    if qd.ndim < 2 or kd.ndim < 2 or vd.ndim < 2 or qd.shape[-1] != kd.shape[-1] or kd.shape[-2] != vd.shape[-2]:
+        raise ValueError(f"scaled_dot_product_attention: q {qd.shape}, k {kd.shape}, v {vd.shape} need "
+                         f"q (..., Tq, d), k (..., Tk, d), v (..., Tk, dv)")
+    d, tq, tk, dv = qd.shape[-1], qd.shape[-2], kd.shape[-2], vd.shape[-1]
+    sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    qs = qd * qd.dtype.type(sc)  # scaling q (T*d) is cheaper than scaling the scores (T*T)
+    try:
+        s = qs @ np.swapaxes(kd, -1, -2)
+    except ValueError:
+        raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and k {kd.shape} "
+                         f"cannot be broadcast") from None
+    if is_causal:
+        np.copyto(s, -np.inf, where=_future(tq, tk))
+    if attn_mask is not None:
+        am = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
+        if am.dtype == np.bool_:
+            s = np.where(am, s, -np.inf).astype(s.dtype, copy=False)
+        else:
+            s = s + am.astype(s.dtype, copy=False)
+    p = s
+    p -= p.max(axis=-1, keepdims=True)
+    np.exp(p, out=p)
+    p /= p.sum(axis=-1, keepdims=True)
+    try:
+        out = p @ vd
+    except ValueError:
+        raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and v {vd.shape} "
+                         f"cannot be broadcast") from None
+    pairs = p.size
+    if _cost._hook is not None:
+        _cost.charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
+                     qd.nbytes + kd.nbytes + vd.nbytes + out.nbytes, out.dtype)
+
+    def grads(g):
+        if _cost._hook is not None:
+            _cost.charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
+                         qd.nbytes + kd.nbytes + vd.nbytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
+        gv = unbroadcast(np.swapaxes(p, -1, -2) @ g, vd.shape) if needs_grad(v) else None
+        ds = g @ np.swapaxes(vd, -1, -2)
+        ds -= (ds * p).sum(axis=-1, keepdims=True)
+        ds *= p  # softmax backward: p * (dp - <dp, p>)
+        gq = None
+        if needs_grad(q):
+            gq = ds @ kd
+            gq *= gq.dtype.type(sc)
+            gq = unbroadcast(gq, qd.shape)
+        gk = unbroadcast(np.swapaxes(ds, -1, -2) @ qs, kd.shape) if needs_grad(k) else None
+        return gq, gk, gv
+
+    return record(out, (q, k, v), grads, "scaled_dot_product_attention")

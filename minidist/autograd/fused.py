@@ -1,0 +1,60 @@
+"""How a fused operation records itself: one node, whatever its internal steps.
+
+A fused op computes its forward with numpy, keeps what its backward needs, and records a single
+node whose closure returns one gradient per input (``record``). The helpers here are shared by
+the fused ops in ``softmax.py``, ``norms.py``, ``activations.py``, ``attention.py``,
+``masking.py`` and ``indexing.py``; ``functional.py`` gathers them under one name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from minidist.autograd import grad_mode as _gm
+from minidist.autograd.tensor import Tensor, _const, _new
+
+
+def record(out: np.ndarray, inputs: Sequence[Tensor | None], grads: Callable[[np.ndarray], Sequence],
+           name: str) -> Tensor:
+    """Record ``out`` as a node over the ``inputs`` that require grad.
+
+    ``grads(g)`` returns one gradient per input (None where not needed or not a tensor).
+    """
+    if not _gm._enabled:
+        return _const(out)
+    need = [t is not None and t.requires_grad for t in inputs]
+    if not any(need):
+        return _const(out)
+    parents = tuple(t for t, n in zip(inputs, need) if n)
+    if all(need):
+        return _new(out, parents, grads, name)
+    return _new(out, parents, lambda g: tuple(gr for gr, n in zip(grads(g), need) if n), name)
+
+
+def needs_grad(t: Tensor | None) -> bool:
+    return t is not None and t.requires_grad and _gm._enabled
+
+
+def same_float(op: str, *ts: Tensor | None) -> np.dtype:
+    dtypes = {t.data.dtype for t in ts if t is not None}
+    if len(dtypes) > 1:
+        raise TypeError(f"{op}: cannot mix dtypes {' and '.join(sorted(str(d) for d in dtypes))}; "
+                        f"cast with .astype() first")
+    return dtypes.pop()
+
+
+def int_indices(ids: Any, op: str) -> np.ndarray:
+    d = ids.data if isinstance(ids, Tensor) else np.asarray(ids)
+    if d.dtype.kind not in "iu":
+        raise TypeError(f"{op}: indices must be integers, got dtype {d.dtype}")
+    return d
+
+
+def bool_mask(mask: Any, op: str) -> np.ndarray:
+    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.dtype != np.bool_:
+        raise TypeError(f"{op}: the mask/condition must be boolean, got dtype {m.dtype}")
+    return m
