@@ -1,0 +1,77 @@
+"""The exercise notebooks fail only at their exercises, with a clear message.
+
+Each ``labs/*.ipynb`` runs in a fresh kernel from the top until its first error. That error must come
+from a cell holding an exercise stub (``# your code here``) and be the stub's NotImplementedError, or a
+check's CheckFailed saying the exercise is not done yet. Anything else (a crash in the lab's own code
+before the first exercise, a stub that raises something cryptic, a check that blames the learner for
+the wrong thing) fails this test. Execution stops at the first exercise, so this stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+LABS = sorted((ROOT / "labs").glob("*.ipynb"))
+STUB = "# your code here"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_error(path: Path) -> tuple[int, dict] | None:
+    """Run the notebook until a cell raises; return (cell index, error output) or None if none did."""
+    nb = nbformat.read(path, as_version=4)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False,
+                                     resources={"metadata": {"path": str(ROOT)}})
+    client.km = client.create_kernel_manager()
+    try:
+        client.start_new_kernel(env=env)
+        client.start_new_kernel_client()
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            try:
+                client.execute_cell(cell, i)
+            except nbclient.exceptions.CellExecutionError:
+                errs = [o for o in cell.outputs if o.get("output_type") == "error"]
+                return i, errs[0] if errs else {"ename": "?", "evalue": "no error output"}
+        return None
+    finally:
+        client._cleanup_kernel()
+
+
+@pytest.mark.parametrize("path", LABS, ids=[p.stem for p in LABS])
+def test_exercise_version_fails_only_at_an_exercise(path: Path):
+    src = (ROOT / "solutions" / path.name).read_text()
+    assert "### BEGIN SOLUTION" in src, f"{path.name}: the solution notebook has no exercise"
+    hit = first_error(path)
+    assert hit is not None, f"{path.name}: ran to the end although it has exercises (is a stub missing?)"
+    index, err = hit
+    cell = "".join(nbformat.read(path, as_version=4).cells[index].source)
+    ename, evalue = err["ename"], ANSI.sub("", err["evalue"])
+    where = f"{path.name}, cell {index} ({ename}: {evalue[:300]})\n--- cell ---\n{cell[:600]}"
+    assert STUB in cell, f"the first error is not in an exercise cell: {where}"
+    assert ename in ("NotImplementedError", "CheckFailed"), f"an exercise cell failed with the wrong error: {where}"
+    if ename == "CheckFailed":
+        assert "not done yet" in evalue, f"the check does not say the exercise is unfinished: {where}"
+
+
+def test_first_error_reports_a_crash_before_the_exercise(tmp_path):
+    """The harness itself: it finds the first failing cell and runs with one BLAS thread."""
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[
+        v4.new_code_cell("import os\nassert os.environ['OPENBLAS_NUM_THREADS'] == '1'"),
+        v4.new_code_cell("1 / 0"),
+        v4.new_code_cell("raise NotImplementedError  # your code here"),
+    ])
+    path = tmp_path / "99_broken.ipynb"
+    nbformat.write(nb, path)
+    index, err = first_error(path)
+    assert (index, err["ename"]) == (1, "ZeroDivisionError")
