@@ -66,6 +66,7 @@ maps names to functions. ``direct.py`` has a naive root-based version of every c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "scatter", "gather", "all_gather", "reduce_scatter",
@@ -91,14 +92,69 @@ def available(collective: str) -> list[str]:
     return sorted(ALGORITHMS[collective])
 
 
+def crossover_bytes(p: int, alpha: float, beta: float) -> float:
+    """Buffer size above which the ring all-reduce beats the binomial tree on ``p`` ranks (chapter 12):
+    n* = alpha beta (2(p-1) - 2 lg p) / (2 lg p - 2(p-1)/p); 0 for p <= 2, where they coincide.
+    The same number as ``md.estimate.ring_tree_crossover_bytes``."""
+    if p <= 2:
+        return 0.0
+    lg = math.log2(p)
+    return alpha * beta * (2 * (p - 1) - 2 * lg) / (2 * lg - 2 * (p - 1) / p)
+
+
+_ROOTED = {"broadcast": "tree", "reduce": "tree", "scatter": "tree", "gather": "tree",
+           "all_to_all": "pairwise", "barrier": "direct"}
+
+
 def choose(collective: str, nbytes: int, c) -> str:
-    """The default algorithm for ``collective`` over the group of ``c``.
+    """The default algorithm for ``collective`` over the group of ``c``, chosen like NCCL does.
 
     Every rank must reach the same answer, so ``nbytes`` is a size all ranks agree on: the buffer
     (all_reduce, broadcast, reduce), one rank's piece (scatter, gather, all_gather: the input;
     reduce_scatter: the output) or, for all_to_all, the bytes of one row of the dim-0 split.
+
+    * broadcast, reduce, scatter, gather: the binomial tree (log2 p rounds instead of p-1);
+      all_to_all: pairwise exchange; barrier: direct.
+    * all_reduce, all_gather, reduce_scatter: below the ring/tree crossover n* (``crossover_bytes``,
+      on the slowest link the group uses: alpha beta times a factor that grows like p / log2 p) a
+      message is latency-bound and gets log2 p steps: halving_doubling (or, for an all-reduce on a p
+      that is not a power of two, whichever of it and the tree has the smaller alpha-beta time).
+      Above n* the ring: bandwidth-optimal, and it only ever talks to its neighbours, which is why
+      NCCL prefers it for large messages on real networks (the simulated crossbar has no contention,
+      so there halving-doubling would do as well).
+    * an all_reduce above n* whose group spans several nodes, with as many of its ranks on each,
+      joined by a network slower than the node's links: hierarchical (intra-node reduce-scatter,
+      inter-node all-reduce of n/G, intra-node all-gather).
+
+    Inside a DGX H100 node (NVLink4: alpha 1 us, beta 450 GB/s) n* = 0.85 MB for p = 8; over IB NDR400
+    (2 us, 50 GB/s) 0.19 MB: the same order as NCCL's switch from tree to ring (256 kB to 4 MB).
     """
-    return "direct"
+    fixed = _ROOTED.get(collective)
+    if fixed is not None:
+        return fixed
+    p = c.size
+    if p <= 2:
+        return "ring"
+    cl = c.cluster
+    nodes = {}
+    for i in range(p):
+        n_i = c.node(i)
+        nodes[n_i] = nodes.get(n_i, 0) + 1
+    link = cl.inter_link if len(nodes) > 1 else cl.intra_link
+    full = nbytes if collective == "all_reduce" else nbytes * p
+    if full < crossover_bytes(p, link.alpha, link.beta):
+        if collective != "all_reduce" or p & (p - 1) == 0:
+            return "halving_doubling"
+        # p not a power of two: the fold costs two extra full messages, the tree's rounds are shorter
+        q = 1 << (p.bit_length() - 1)
+        t = full / link.beta
+        hd = 2 * (link.alpha + t) + 2 * (q.bit_length() - 1) * link.alpha + 2 * (q - 1) / q * t
+        tree_t = (math.floor(math.log2(p)) + (p - 1).bit_length()) * (link.alpha + t)
+        return "tree" if tree_t < hd else "halving_doubling"
+    slower = cl.inter_link.beta < cl.intra_link.beta or cl.inter_link.alpha > cl.intra_link.alpha
+    if collective == "all_reduce" and len(nodes) > 1 and slower and len(set(nodes.values())) == 1:
+        return "hierarchical"
+    return "ring"
 
 
 # importing a file registers its algorithms
