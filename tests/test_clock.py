@@ -160,7 +160,7 @@ def test_isend_leaves_compute_free_until_wait():
 
 def _overlap(compute_s, async_op, n):
     x = np.ones(n, np.float32)
-    w = dist.all_reduce(x, async_op=async_op)
+    w = dist.all_reduce(x, async_op=async_op, algorithm="direct")
     t_issue = dist.now()
     dist.compute(seconds=compute_s, name="backward")
     if w is not None:
@@ -186,8 +186,8 @@ def test_async_all_reduce_beside_compute_costs_the_max_not_the_sum(compute_s):
 def test_sync_collective_after_async_waits_for_the_comm_stream():
     def f():
         x = np.ones(250_000, np.float32)
-        w = dist.all_reduce(x, async_op=True)
-        dist.all_reduce(x)  # same stream: starts after the first one
+        w = dist.all_reduce(x, async_op=True, algorithm="direct")
+        dist.all_reduce(x, algorithm="direct")  # same stream: starts after the first one
         t = dist.now()
         w.wait()
         return t
