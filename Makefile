@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-test
+# Tests and notebooks run many small ops in several processes on few cores: one BLAS thread per
+# process is both faster and deterministic there.
+SERIAL := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
@@ -36,13 +39,13 @@ labs-check: $(STAMP)
 	$(BIN)/python -m minidist.labs.build --check
 
 test: $(STAMP) lint labs-check
-	$(BIN)/python -m pytest -q tests
+	$(SERIAL) $(BIN)/python -m pytest -q tests
 	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
-	  $(BIN)/python -m pytest -q --nbval --nbval-current-env --durations=0 solutions/; \
+	  $(SERIAL) $(BIN)/python -m pytest -q --nbval --nbval-current-env --durations=0 solutions/; \
 	else echo "(no solution notebooks yet)"; fi
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -x tests
+	$(SERIAL) $(BIN)/python -m pytest -q -x tests
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
