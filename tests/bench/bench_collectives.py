@@ -1,0 +1,176 @@
+"""Collectives: minidist's wall-clock time against mpi4py + MPICH, measured in the same run.
+
+all_reduce, all_gather and all_to_all on 2 and 4 ranks, 1 KB to 64 MB (the full buffer: the
+all-reduce buffer, the all-gather output, what each rank holds for all-to-all), float32. Each number
+is the mean time per call over a timed loop after a warm-up, taken on the slowest rank. MPICH runs
+as ``mpiexec -n N python worker.py`` from this interpreter's bin directory; minidist uses its default
+algorithm choice (and, at 64 MB, the ring and halving-doubling explicitly). Targets (DESIGN.md):
+64 MB at least as fast as MPICH, 1 KB within 3x of MPICH's latency, launch + barrier of 8 ranks
+well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import minidist.dist as dist
+from minidist.runtime import launch
+
+SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26)  # 1 KB, 16 KB, 256 KB, 4 MB, 64 MB
+OPS = ("all_reduce", "all_gather", "all_to_all")
+WORLDS = (2, 4)
+
+
+def iterations(nbytes: int) -> int:
+    return int(max(5, min(300, 4e8 / max(nbytes, 1) / 20)))
+
+
+MPI_WORKER = r'''
+import json, sys, time
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+p, rank = comm.Get_size(), comm.Get_rank()
+sizes, ops, iters = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+out = {}
+for op in ops:
+    for n, it in zip(sizes, iters):
+        k = n // 4
+        x = np.zeros(k, np.float32)  # zeros: repeated sums stay finite
+        y = np.empty(k, np.float32)
+        piece = np.ones(k // p, np.float32)
+        if op == "all_reduce":
+            call = lambda: comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        elif op == "all_gather":
+            call = lambda: comm.Allgather(piece, y)
+        else:
+            call = lambda: comm.Alltoall(x, y)
+        for _ in range(max(2, it // 10)):
+            call()
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(it):
+            call()
+        dt = (time.perf_counter() - t0) / it
+        out[f"{op}:{n}"] = comm.reduce(dt, op=MPI.MAX, root=0)
+if rank == 0:
+    print("RESULT " + json.dumps(out))
+'''
+
+
+def run_mpich(p: int, sizes=SIZES, ops=OPS) -> dict | None:
+    """{(op, nbytes): seconds per call} from MPICH on ``p`` ranks, or None if it cannot run."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        found = shutil.which("mpiexec")
+        if found is None:
+            print("(mpiexec not found: install the bench extra for the MPICH comparison)")
+            return None
+        mpiexec = Path(found)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "mpi_worker.py"
+        script.write_text(MPI_WORKER)
+        cmd = [str(mpiexec), "-n", str(p), sys.executable, str(script), json.dumps(list(sizes)), json.dumps(list(ops)),
+               json.dumps([iterations(n) for n in sizes])]
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            print(f"(MPICH run failed: {e})")
+            return None
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            raw = json.loads(line[len("RESULT "):])
+            return {(k.split(":")[0], int(k.split(":")[1])): v for k, v in raw.items()}
+    print(f"(MPICH run failed, exit {proc.returncode}: {proc.stderr.strip()[-500:]})")
+    return None
+
+
+def _minidist_call(op, x, y, piece, alg):
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x, algorithm=alg)
+    if op == "all_gather":
+        return lambda: dist.all_gather_into_tensor(y, piece, algorithm=alg)
+    return lambda: dist.all_to_all_single(y, x, algorithm=alg)
+
+
+def _minidist_worker(sizes, ops, extra_algorithms):
+    p = dist.get_world_size()
+    out = {}
+    plan = [(op, n, None) for op in ops for n in sizes]
+    plan += [("all_reduce", sizes[-1], alg) for alg in extra_algorithms]
+    for op, n, alg in plan:
+        k = n // 4
+        x = np.zeros(k, np.float32)  # zeros: repeated sums stay finite
+        y = np.empty(k, np.float32)
+        piece = np.ones(k // p, np.float32)
+        call = _minidist_call(op, x, y, piece, alg)
+        it = iterations(n)
+        for _ in range(max(2, it // 10)):
+            call()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(it):
+            call()
+        out[op, n, alg] = (time.perf_counter() - t0) / it
+    return out
+
+
+def run_minidist(p: int, sizes=SIZES, ops=OPS, extra_algorithms=("ring", "halving_doubling")) -> dict:
+    res = launch(_minidist_worker, p, args=(list(sizes), list(ops), list(extra_algorithms)), timeout=900)
+    return {key: max(r[key] for r in res) for key in res[0]}
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+
+
+def launch_barrier(p: int = 8, repeats: int = 5) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        launch(dist.barrier, p)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    print(f"{os.cpu_count()} cores; float32 buffers; mean time per call on the slowest rank")
+    verdicts = []
+    for p in WORLDS:
+        mpi = run_mpich(p)
+        md = run_minidist(p)
+        print(f"\n{p} ranks{'' if mpi else ' (no MPICH numbers)'}")
+        print(f"{'op':11} {'size':>6} {'minidist':>11} {'MPICH':>11} {'ratio':>7}   (ratio = minidist / MPICH)")
+        for op in OPS:
+            for n in SIZES:
+                t = md[op, n, None]
+                m = mpi.get((op, n)) if mpi else None
+                ratio = f"{t / m:7.2f}" if m else "      -"
+                mt = f"{m * 1e6:9.1f}us" if m else "          -"
+                print(f"{op:11} {_fmt_size(n):>6} {t * 1e6:9.1f}us {mt} {ratio}")
+                if m and op == "all_reduce" and n == SIZES[0]:
+                    verdicts.append((f"{p} ranks 1 KB all_reduce within 3x of MPICH", t / m <= 3.0, t / m))
+                if m and op == "all_reduce" and n == SIZES[-1]:
+                    verdicts.append((f"{p} ranks 64 MB all_reduce at least as fast as MPICH", t / m <= 1.0, t / m))
+        for alg in ("ring", "halving_doubling"):
+            t = md["all_reduce", SIZES[-1], alg]
+            m = mpi.get(("all_reduce", SIZES[-1])) if mpi else None
+            extra = f", ratio {t / m:.2f}" if m else ""
+            print(f"  64 MB all_reduce algorithm={alg}: {t * 1e3:.1f} ms{extra}")
+    lb = launch_barrier()
+    print(f"\nlaunch + barrier, 8 ranks: min {min(lb):.3f} s, median {sorted(lb)[len(lb) // 2]:.3f} s")
+    verdicts.append(("launch + barrier of 8 ranks under 1 s", min(lb) < 1.0, min(lb)))
+    print()
+    for what, ok, value in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}  {what}  ({value:.3g})")
