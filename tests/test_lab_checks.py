@@ -105,3 +105,79 @@ def test_noise_scale_check():
 
     md.labs.check_noise_scale(good)
     _rejects(md.labs.check_noise_scale, lambda bs, ss, bb, sb: (sb, ss - sb, (ss - sb) / sb))
+
+
+# --- lab 06: ring and tree ------------------------------------------------------------------------
+
+def _ring(x, ag_offset=1, blocking=False):
+    import numpy as np
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    chunks = np.array_split(x, p)
+    right, left = (r + 1) % p, (r - 1) % p
+
+    def step(send_chunk, recv_into):
+        if blocking:  # correct, deadlock-free, but the two transfers of a step serialise
+            if r % 2 == 0:
+                md.dist.send(send_chunk, right)
+                md.dist.recv(recv_into, left)
+            else:
+                md.dist.recv(recv_into, left)
+                md.dist.send(send_chunk, right)
+        else:
+            w = md.dist.isend(send_chunk, right)
+            md.dist.recv(recv_into, left)
+            w.wait()
+
+    for k in range(p - 1):
+        buf = np.empty_like(chunks[(r - k - 1) % p])
+        step(chunks[(r - k) % p], buf)
+        chunks[(r - k - 1) % p] += buf
+    for k in range(p - 1):
+        step(chunks[(r - k + ag_offset) % p], chunks[(r - k + ag_offset - 1) % p])
+
+
+def _ring_good(x):
+    _ring(x)
+
+
+def _ring_wrong_allgather(x):
+    _ring(x, ag_offset=0)
+
+
+def _ring_blocking(x):
+    _ring(x, blocking=True)
+
+
+def _ring_deadlock(x):
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    md.dist.send(x, (r + 1) % p)
+    md.dist.recv(x, (r - 1) % p)
+
+
+def test_ring_all_reduce_check():
+    md.labs.check_ring_all_reduce(_ring_good)
+    _rejects(md.labs.check_ring_all_reduce, _ring_wrong_allgather, match="first departure from the ring schedule")
+    _rejects(md.labs.check_ring_all_reduce, _ring_blocking, match="correct but slow")
+    _rejects(md.labs.check_ring_all_reduce, _ring_deadlock, match="deadlock")
+
+
+def test_ring_tree_formula_checks():
+    import math
+
+    def ring(n, p, a, b):
+        return 2 * (p - 1) * a + 2 * (p - 1) / p * n / b
+
+    def tree(n, p, a, b):
+        return 2 * math.log2(p) * (a + n / b)
+
+    md.labs.check_collective_times(ring, tree)
+    _rejects(md.labs.check_collective_times, lambda n, p, a, b: (p - 1) * a + (p - 1) / p * n / b, tree)
+    _rejects(md.labs.check_collective_times, ring, lambda n, p, a, b: math.log2(p) * (a + n / b))
+
+    def cross(p, a, b):
+        lg = math.log2(p)
+        return 2 * a * b * (p - 1 - lg) / (2 * lg - 2 * (p - 1) / p)
+
+    md.labs.check_ring_tree_crossover(cross)
+    _rejects(md.labs.check_ring_tree_crossover, lambda p, a, b: a * b)

@@ -1,0 +1,162 @@
+"""Checks for lab 06, ring and tree all-reduce (book chapters 12-13).
+
+The learner's ring all-reduce runs on simulated ranks with inputs that *encode their history*:
+rank r's element i is ``2^r * (1 + i K)`` with ``K = 2^(p+1)``. Any partial sum over a set S of
+ranks is then ``m (1 + i K)`` with ``m`` the bitmask of S, so every message a rank sends can be
+decoded back into "which elements, carrying which ranks' contributions". When the result is wrong
+the check replays the book's schedule (at reduce-scatter step k rank r sends chunk (r - k) mod p;
+at all-gather step k, chunk (r - k + 1) mod p) and reports the first message that departs from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from minidist.labs.check import CheckFailed, fail, passed
+from minidist.labs.ranks import compare_ranks, run_ranks
+
+
+def _encoded(rank: int, p: int, n: int) -> np.ndarray:
+    K = 2.0 ** (p + 1)
+    return (2.0**rank) * (1.0 + np.arange(n) * K)
+
+
+def _decode(values: np.ndarray, p: int) -> list[tuple[int, int]]:
+    """(element index, contributor bitmask) for each value of a message."""
+    K = 2 ** (p + 1)
+    out = []
+    for v in np.asarray(values, dtype=np.float64).ravel():
+        iv = int(round(v))
+        m = iv % K
+        i = (iv - m) // (K * m) if m else -1
+        out.append((i, m))
+    return out
+
+
+def _ranks_of(mask: int) -> list[int]:
+    return [r for r in range(mask.bit_length()) if mask >> r & 1]
+
+
+def _traced_ring(fn, n):
+    """Rank body: run the learner's fn on encoded data, recording every message it sends."""
+    import minidist as md
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    x = _encoded(r, p, n)
+    sent = []
+    orig_send, orig_isend = md.dist.send, md.dist.isend
+
+    def send(t, dst, *a, **k):
+        sent.append((dst, np.array(getattr(t, "data", t), dtype=np.float64, copy=True)))
+        return orig_send(t, dst, *a, **k)
+
+    def isend(t, dst, *a, **k):
+        sent.append((dst, np.array(getattr(t, "data", t), dtype=np.float64, copy=True)))
+        return orig_isend(t, dst, *a, **k)
+
+    md.dist.send, md.dist.isend = send, isend
+    try:
+        t0 = md.dist.now()
+        fn(x)
+        t1 = md.dist.now()
+    finally:
+        md.dist.send, md.dist.isend = orig_send, orig_isend
+    return x, sent, t1 - t0
+
+
+def _first_departure(sent_by_rank, p: int, n: int) -> str | None:
+    """Compare the recorded messages with the book's ring schedule; describe the first difference."""
+    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), p)])
+    for k in range(2 * (p - 1)):
+        for r in range(p):
+            msgs = sent_by_rank[r]
+            rs = k < p - 1
+            step = k if rs else k - (p - 1)
+            chunk = (r - step) % p if rs else (r - step + 1) % p
+            holders = sorted((r - j) % p for j in range(step + 1)) if rs else list(range(p))
+            what = (f"at {'reduce-scatter' if rs else 'all-gather'} step {step} rank {r} should send chunk {chunk} "
+                    f"(elements {bounds[chunk]}..{bounds[chunk + 1] - 1}) to rank {(r + 1) % p}, carrying the sum over "
+                    f"ranks {holders}")
+            if k >= len(msgs):
+                return f"{what}, but it sent only {len(msgs)} messages in all"
+            dst, vals = msgs[k]
+            decoded = _decode(vals, p)
+            idx = [i for i, _ in decoded]
+            masks = {m for _, m in decoded}
+            want_idx = list(range(bounds[chunk], bounds[chunk + 1]))
+            want_mask = sum(1 << h for h in holders)
+            if dst != (r + 1) % p:
+                return f"{what}; it sent its message number {k} to rank {dst}"
+            if idx != want_idx:
+                return f"{what}; it sent elements {idx[:4]}{'...' if len(idx) > 4 else ''} instead"
+            if masks != {want_mask}:
+                got = sorted({h for m in masks for h in _ranks_of(m)})
+                return f"{what}; the values it sent carry ranks {got}"
+    return None
+
+
+def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6, beta: float = 1e9) -> None:
+    """``fn(x)`` all-reduces (sums) ``x`` in place across the ranks, as a ring, and costs the ring's time."""
+    import minidist as md
+
+    for p, n in [(2, 8), (3, 9), (4, 10), (5, 12), (4, 3)]:
+        cluster = md.Cluster.uniform(alpha, beta)
+        res = run_ranks("ring_all_reduce", _traced_ring, p, args=(fn, n), cluster=cluster)
+        want = sum(_encoded(r, p, n) for r in range(p))
+        results = [v[0] for v in res]
+        try:
+            compare_ranks("ring_all_reduce", results, [want] * p, context=f"on {p} ranks with n = {n}")
+        except CheckFailed as e:
+            where = _first_departure([v[1] for v in res], p, n)
+            if where:
+                raise CheckFailed(f"{e}\n  first departure from the ring schedule: {where}") from None
+            raise
+        if n % p == 0:
+            t = max(v[2] for v in res)
+            ideal = md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "ring")
+            if not math.isclose(t, ideal, rel_tol=1e-9):
+                hint = ("each step must send and receive at the same time (isend to the right, recv from the left, "
+                        "then wait): a send followed by a receive serialises the two transfers")
+                if t > 1.5 * ideal:
+                    hint = "you are correct but slow: " + hint
+                fail(f"ring_all_reduce on {p} ranks (n = {n} float64) is correct but its simulated time is off",
+                     f"{ideal * 1e6:.3f} us = 2(p-1) alpha + 2(p-1)/p n/beta", f"{t * 1e6:.3f} us", hint)
+    passed("ring_all_reduce: correct on 2-5 ranks (uneven chunks too) and as fast as the ring formula")
+
+
+def check_collective_times(ring_fn: Callable, tree_fn: Callable) -> None:
+    """``ring_fn(n, p, alpha, beta)`` and ``tree_fn(...)`` are the all-reduce closed forms (p a power of two)."""
+    import minidist as md
+
+    for n, p, a, b in [(1e8, 8, 1e-6, 450e9), (4096, 8, 1e-6, 450e9), (1e9, 64, 5e-6, 50e9), (1e3, 2, 2e-6, 5e10)]:
+        for name, fn, algo, hint in [
+            ("ring_time", ring_fn, "ring", "2(p-1) steps, each alpha + (n/p)/beta"),
+            ("tree_time", tree_fn, "tree", "a binomial reduce then a broadcast: 2 log2(p) steps of alpha + n/beta"),
+        ]:
+            try:
+                got = fn(n, p, a, b)
+            except NotImplementedError:
+                raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
+            want = md.estimate.collective_time("all_reduce", n, p, a, b, algo)
+            if got is None or not math.isclose(float(got), want, rel_tol=1e-9):
+                fail(f"{name}(n={n:g}, p={p}, alpha={a:g}, beta={b:g})", want, got, hint)
+    passed("ring_time and tree_time match the closed forms")
+
+
+def check_ring_tree_crossover(fn: Callable[[int, float, float], float]) -> None:
+    """``fn(p, alpha, beta)`` is the size where ring and tree all-reduce take the same time."""
+    import minidist as md
+
+    for p, a, b in [(8, 1e-6, 450e9), (64, 5e-6, 50e9), (16, 2e-6, 100e9)]:
+        try:
+            got = fn(p, a, b)
+        except NotImplementedError:
+            raise CheckFailed("crossover: the exercise is not done yet (it raised NotImplementedError)") from None
+        want = md.estimate.ring_tree_crossover_bytes(p, a, b)
+        if got is None or not math.isclose(float(got), want, rel_tol=1e-6):
+            fail(f"crossover(p={p}, alpha={a:g}, beta={b:g})", want, got,
+                 "set 2(p-1) a + 2(p-1)/p n/b equal to 2 log2(p) (a + n/b) and solve the linear equation for n")
+    passed("crossover matches n* = 2 alpha beta (p - 1 - log2 p) / (2 log2 p - 2 (p-1)/p)")
