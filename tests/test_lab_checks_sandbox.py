@@ -92,4 +92,4 @@ def test_shift_right_names_the_rank_and_the_mistake():
 
 def test_shift_right_explains_a_deadlock():
     with pytest.raises(CheckFailed, match="never finished.*\n.*deadlock"):
-        md.labs.check_shift_right(shift_deadlock, world_sizes=(2,))
+        md.labs.check_shift_right(shift_deadlock, world_sizes=(2,), timeout=0.5)

@@ -42,13 +42,15 @@ def _shift_body(fn, n):
     return out, bool(np.array_equal(x, before))
 
 
-def check_shift_right(fn: Callable[[np.ndarray], np.ndarray], world_sizes=(2, 3, 4), n: int = 4) -> None:
+def check_shift_right(fn: Callable[[np.ndarray], np.ndarray], world_sizes=(2, 3, 4), n: int = 4,
+                      timeout: float = 3.0) -> None:
     """``fn(x)`` runs on every rank and returns the ``x`` of the left neighbour, rank (r - 1) mod p.
 
-    Each rank's input is ``arange(n) + 100 * rank``, so a wrong answer shows whose data arrived.
+    Each rank's input is ``arange(n) + 100 * rank``, so a wrong answer shows whose data arrived. A rank
+    blocked for ``timeout`` seconds is reported as a deadlock.
     """
     for p in world_sizes:
-        res = run_ranks("shift_right", _shift_body, p, args=(fn, n))
+        res = run_ranks("shift_right", _shift_body, p, args=(fn, n), timeout=timeout)
         got = [v[0] for v in res.values]
         want = [np.arange(n, dtype=np.float32) + 100.0 * ((r - 1) % p) for r in range(p)]
 
