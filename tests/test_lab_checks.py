@@ -181,3 +181,60 @@ def test_ring_tree_formula_checks():
 
     md.labs.check_ring_tree_crossover(cross)
     _rejects(md.labs.check_ring_tree_crossover, lambda p, a, b: a * b)
+
+
+# --- lab 07: topology-aware collectives -----------------------------------------------------------
+
+def _hier(x, G, inter_phase=True, algorithm="ring"):
+    import numpy as np
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    node, local = divmod(r, G)
+    intra = md.dist.new_group(range(node * G, node * G + G))
+    inter = md.dist.new_group(range(local, p, G))
+    shard = np.empty(x.size // G, x.dtype)
+    md.dist.reduce_scatter_tensor(shard, x, group=intra, algorithm=algorithm)
+    if inter_phase:
+        md.dist.all_reduce(shard, group=inter, algorithm="ring")
+    md.dist.all_gather_into_tensor(x, shard, group=intra, algorithm=algorithm)
+
+
+def _hier_good(x, G):
+    _hier(x, G)
+
+
+def _hier_no_inter(x, G):
+    _hier(x, G, inter_phase=False)
+
+
+def _flat(x, G):
+    md.dist.all_reduce(x, algorithm="ring")
+
+
+def test_hierarchical_all_reduce_check():
+    md.labs.check_hierarchical_all_reduce(_hier_good)
+    _rejects(md.labs.check_hierarchical_all_reduce, _hier_no_inter, match="inter-node all-reduce of the shard")
+    _rejects(md.labs.check_hierarchical_all_reduce, _flat, match="flat ring")
+
+
+def test_two_level_and_contention_checks():
+    def flat(n, G, N, a1, b1, a2, b2):
+        p = G * N
+        return 2 * (p - 1) * a2 + 2 * (p - 1) / p * n / b2
+
+    def hier(n, G, N, a1, b1, a2, b2):
+        return 2 * (G - 1) * a1 + 2 * (G - 1) / G * n / b1 + 2 * (N - 1) * a2 + 2 * (N - 1) / N * n / G / b2
+
+    md.labs.check_two_level_times(flat, hier)
+    _rejects(md.labs.check_two_level_times, lambda n, G, N, a1, b1, a2, b2: flat(n, G, N, a1, b1, a1, b1), hier)
+    _rejects(md.labs.check_two_level_times, flat, lambda n, G, N, a1, b1, a2, b2: hier(n * G, G, N, a1, b1, a2, b2))
+
+    def flows(order, G):
+        out = {}
+        for a, b in zip(order, order[1:] + order[:1]):
+            if a // G != b // G:
+                out[a // G] = out.get(a // G, 0) + 1
+        return max(out.values(), default=0)
+
+    md.labs.check_flows_per_nic(flows)
+    _rejects(md.labs.check_flows_per_nic, lambda order, G: sum(a // G != b // G for a, b in zip(order, order[1:])))

@@ -64,3 +64,26 @@ def test_busy_merges_overlaps():
     tr = Trace([Event(0, "comm", "a", 0.0, 2.0, 0, 0), Event(0, "comm", "b", 1.0, 3.0, 0, 0),
                 Event(0, "comm", "c", 5.0, 6.0, 0, 0), Event(1, "comm", "d", 0.0, 9.0, 0, 0)])
     assert tr.busy(0, "comm") == 4.0 and tr.busy(1, "compute") == 0.0
+
+
+def test_plot_colours_by_op_name_with_a_legend():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import numpy as np
+    import pytest
+
+    import minidist as md
+
+    def body():
+        x = np.ones(64, np.float32)
+        md.dist.all_reduce(x, algorithm="ring")
+        md.dist.broadcast(x, 0)
+
+    tr = md.launch(body, world_size=2).trace
+    ax = tr.plot(streams=("comm",), color_by="name", unit="us")
+    labels = sorted(t.get_text() for t in ax.get_legend().get_texts())
+    assert labels == ["all_reduce", "broadcast"]
+    assert ax.get_xlabel() == "simulated time (us)"
+    with pytest.raises(ValueError, match="color_by"):
+        tr.plot(color_by="rank")

@@ -113,21 +113,44 @@ class Trace:
                 json.dump(doc, f)
         return doc
 
-    def plot(self, ax=None, streams: tuple[str, ...] = ("compute", "comm"), title: str | None = None):
-        """Gantt chart: one row per (rank, stream), time in simulated milliseconds. Returns the axes."""
+    def plot(self, ax=None, streams: tuple[str, ...] = ("compute", "comm"), title: str | None = None,
+             color_by: str = "stream", unit: str = "ms"):
+        """Gantt chart: one row per (rank, stream). Returns the axes.
+
+        ``color_by="stream"`` colours compute and communication apart; ``color_by="name"`` gives each op name
+        (all_reduce, matmul, ...) its own colour with a legend, which shows the phases of an algorithm.
+        ``unit`` is "s", "ms" or "us".
+        """
         import matplotlib.pyplot as plt
 
-        if ax is None:
-            _, ax = plt.subplots(figsize=(10, 0.5 + 0.35 * max(1, len(self._rows(streams)))))
+        if color_by not in ("stream", "name"):
+            raise ValueError(f"Trace.plot: color_by must be 'stream' or 'name', got {color_by!r}")
+        scale = {"s": 1.0, "ms": 1e3, "us": 1e6}.get(unit)
+        if scale is None:
+            raise ValueError(f"Trace.plot: unit must be 's', 'ms' or 'us', got {unit!r}")
         rows = self._rows(streams)
-        colors = {"compute": "tab:blue", "comm": "tab:orange", "link": "tab:green"}
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 0.5 + 0.35 * max(1, len(rows))), dpi=80, layout="constrained")
+        stream_colors = {"compute": "tab:blue", "comm": "tab:orange", "link": "tab:green"}
+        names = sorted({e.name for e in self.events if e.stream in streams})
+        cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        name_colors = {n: cycle[i % len(cycle)] for i, n in enumerate(names)}
         for y, (rank, stream) in enumerate(rows):
-            spans = [(e.start * 1e3, (e.end - e.start) * 1e3) for e in self.events
-                     if e.rank == rank and e.stream == stream]
-            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colors.get(stream, "tab:gray"), edgecolor="k", lw=0.3)
+            evs = [e for e in self.events if e.rank == rank and e.stream == stream]
+            spans = [(e.start * scale, (e.end - e.start) * scale) for e in evs]
+            if color_by == "stream":
+                faces = stream_colors.get(stream, "tab:gray")
+            else:
+                faces = [name_colors[e.name] for e in evs]
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=faces, edgecolor="k", lw=0.3)
+        if color_by == "name" and len(names) <= 12:
+            from matplotlib.patches import Patch
+
+            ax.legend(handles=[Patch(color=name_colors[n], label=n) for n in names], fontsize=8,
+                      loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.set_yticks(range(len(rows)), [f"rank {r} {s}" for r, s in rows])
         ax.invert_yaxis()
-        ax.set_xlabel("simulated time (ms)")
+        ax.set_xlabel(f"simulated time ({unit})")
         if title:
             ax.set_title(title)
         return ax

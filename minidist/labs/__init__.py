@@ -22,5 +22,10 @@ from minidist.labs.roofline_checks import (
 )
 from minidist.labs.sandbox_checks import check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
+from minidist.labs.topology_checks import (
+    check_flows_per_nic,
+    check_hierarchical_all_reduce,
+    check_two_level_times,
+)
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

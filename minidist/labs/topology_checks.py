@@ -1,0 +1,111 @@
+"""Checks for lab 07, topology-aware collectives (book chapter 13a)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from minidist.labs.check import CheckFailed, fail, passed
+from minidist.labs.ranks import compare_ranks, run_ranks
+
+
+def _two_level(gpus_per_node: int, alpha_intra: float, beta_intra: float, alpha_inter: float, beta_inter: float):
+    import minidist as md
+
+    intra = md.hardware.Link("intra", alpha_intra, beta_intra)
+    inter = md.hardware.Link("inter", alpha_inter, beta_inter)
+    return md.Cluster("H100-80GB-SXM", gpus_per_node, intra, inter)
+
+
+def _run_hier(fn, n, gpus_per_node):
+    import minidist as md
+
+    r = md.dist.get_rank()
+    x = (np.arange(n, dtype=np.float64) + 1.0) * (r + 1)
+    t0 = md.dist.now()
+    fn(x, gpus_per_node)
+    return x, md.dist.now() - t0
+
+
+def check_hierarchical_all_reduce(fn: Callable[[np.ndarray, int], None]) -> None:
+    """``fn(x, gpus_per_node)`` sums ``x`` over all ranks in place, in three phases, at the two-level cost."""
+    import minidist as md
+
+    consts = (1e-6, 300e9, 5e-6, 50e9)
+    for G, N in [(2, 2), (4, 2), (2, 3)]:
+        p, n = G * N, 24 * G * N
+        cluster = _two_level(G, *consts)
+        res = run_ranks("hierarchical_all_reduce", _run_hier, p, args=(fn, n, G), cluster=cluster,
+                        hint="build the intra-node group from the ranks of your node and the inter-node group from the "
+                             "ranks with your local index on every node")
+        want = (np.arange(n, dtype=np.float64) + 1.0) * sum(range(1, p + 1))
+
+        def diagnose(rank, got, w, G=G, n=n):
+            node = rank // G
+            node_sum = (np.arange(n, dtype=np.float64) + 1.0) * sum(range(node * G + 1, node * G + G + 1))
+            if np.allclose(got, node_sum):
+                return "each rank holds only its node's sum: the inter-node all-reduce of the shard is missing"
+            return None
+
+        compare_ranks("hierarchical_all_reduce", [v[0] for v in res], [want] * p,
+                      context=f"on {N} nodes of {G} GPUs", diagnose=diagnose, rtol=1e-12)
+        t = max(v[1] for v in res)
+        ideal = md.estimate.hierarchical_all_reduce_time(n * 8, G, N, *consts)
+        if not math.isclose(t, ideal, rel_tol=1e-9):
+            flat = md.estimate.collective_time("all_reduce", n * 8, p, consts[2], consts[3], "ring")
+            hint = ("the phases should be: reduce-scatter inside the node (ring), all-reduce of the 1/G shard across "
+                    "nodes (ring), all-gather inside the node (ring); pass algorithm='ring' to each")
+            if math.isclose(t, flat, rel_tol=1e-6):
+                hint = "that is the time of a flat ring over every rank: " + hint
+            fail(f"hierarchical_all_reduce on {N} nodes of {G} GPUs is correct but its simulated time is off",
+                 f"{ideal * 1e6:.3f} us (two-level formula)", f"{t * 1e6:.3f} us", hint)
+    passed("hierarchical_all_reduce: correct on 2x2, 2x4 and 3x2 clusters, at the two-level formula's cost")
+
+
+def check_two_level_times(flat_fn: Callable, hier_fn: Callable) -> None:
+    """``flat_fn(n, G, N, a1, b1, a2, b2)`` = a flat ring paced by its slowest hop; ``hier_fn`` = the two-level time."""
+    import minidist as md
+
+    for args in [(2e9, 8, 8, 1e-6, 300e9, 5e-6, 50e9), (10e9, 8, 512, 1e-6, 900e9, 5e-6, 50e9),
+                 (1e6, 4, 2, 1e-6, 450e9, 2e-6, 50e9)]:
+        n, G, N, a1, b1, a2, b2 = args
+        for name, fn, want, hint in [
+            ("flat_ring_time", flat_fn, md.estimate.collective_time("all_reduce", n, G * N, a2, b2, "ring"),
+             "every step waits for the slowest hop, which crosses the network: use the inter-node alpha and beta "
+             "with p = G N"),
+            ("hierarchical_time", hier_fn, md.estimate.hierarchical_all_reduce_time(n, G, N, a1, b1, a2, b2),
+             "2(G-1) a1 + 2(G-1)/G n/b1 inside the node, plus a ring all-reduce of n/G across N nodes"),
+        ]:
+            try:
+                got = fn(*args)
+            except NotImplementedError:
+                raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
+            if got is None or not math.isclose(float(got), want, rel_tol=1e-9):
+                fail(f"{name}{args}", want, got, hint)
+    passed("flat_ring_time and hierarchical_time match the closed forms")
+
+
+def check_flows_per_nic(fn: Callable[[list[int], int], int]) -> None:
+    """``fn(order, gpus_per_node)``: most ring edges leaving any one node, with one NIC per node."""
+
+    def ref(order, G):
+        out: dict[int, int] = {}
+        for a, b in zip(order, order[1:] + order[:1]):
+            if a // G != b // G:
+                out[a // G] = out.get(a // G, 0) + 1
+        return max(out.values(), default=0)
+
+    cases = [(list(range(16)), 8, "natural order: one edge leaves each node"),
+             ([0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15], 8, "interleaved: every edge crosses nodes"),
+             (list(range(8)), 8, "one node: nothing crosses the network"),
+             ([0, 2, 4, 6, 1, 3, 5, 7], 2, "count the edge that closes the ring, from the last rank to the first")]
+    for order, G, hint in cases:
+        try:
+            got = fn(list(order), G)
+        except NotImplementedError:
+            raise CheckFailed("flows_per_nic: the exercise is not done yet (it raised NotImplementedError)") from None
+        if got != ref(order, G):
+            fail(f"flows_per_nic({order}, {G})", ref(order, G), got, hint)
+    passed("flows_per_nic counts the ring edges that share a node's NIC")
