@@ -1,6 +1,7 @@
 """minidist: distributed training derived from its algebra, run on simulated devices.
 
-Layers import downward only: autograd <- runtime <- cost/hardware <- parallel <- estimate <- viz.
+Layers import downward only: autograd, nn/optim/data <- hardware <- runtime/collectives <- parallel
+<- estimate <- viz, labs (see README.md).
 Each section below is filled by the layer that owns it.
 """
 
