@@ -96,7 +96,7 @@ def _cases():
 
     cases = []
     for p in range(1, 9):
-        for alg in ("ring", "tree", "halving_doubling", "bidirectional_ring", "hierarchical"):
+        for alg in ("ring", "tree", "halving_doubling", "recursive_doubling", "bidirectional_ring", "hierarchical"):
             cases.append((("all_reduce", alg), p, ar(alg)))
         for alg in ("ring", "halving_doubling"):
             cases.append((("reduce_scatter", alg), p, rs(alg)))
@@ -162,6 +162,14 @@ def test_tree_fan_in_equals_the_estimate_for_powers_of_two(measured, coll):
         if coll == "all_reduce":  # reduce, then the broadcast's ceil(log2 p) rounds
             lg = (p - 1).bit_length()
             assert dt == pytest.approx((math.floor(math.log2(p)) + lg) * step, rel=REL, abs=1e-15)
+
+
+def test_recursive_doubling_all_reduce_costs_log_p_whole_buffer_exchanges(measured):
+    for p, n, dt in _cases_for(measured, "all_reduce", "recursive_doubling"):
+        q = 1 << (p.bit_length() - 1)
+        step = ALPHA + n / BETA
+        want = (q.bit_length() - 1) * step + (2 * step if q < p else 0.0)  # folding costs two more
+        assert dt == pytest.approx(want, rel=REL, abs=1e-15), (p, n, dt, want)
 
 
 def test_ring_broadcast_is_a_pipelined_chain(measured):

@@ -106,6 +106,16 @@ _ROOTED = {"broadcast": "tree", "reduce": "tree", "scatter": "tree", "gather": "
            "all_to_all": "pairwise", "barrier": "direct"}
 
 
+def _latency_bound_all_reduce(p: int, n: float, alpha: float, beta: float) -> str:
+    """recursive_doubling or halving_doubling, whichever has the smaller alpha-beta time on p ranks."""
+    q = 1 << (p.bit_length() - 1)
+    k = q.bit_length() - 1
+    fold = 2 * (alpha + n / beta) if q < p else 0.0
+    doubling = fold + k * (alpha + n / beta)
+    rabenseifner = fold + 2 * k * alpha + 2 * (q - 1) / q * n / beta
+    return "recursive_doubling" if doubling <= rabenseifner else "halving_doubling"
+
+
 def choose(collective: str, nbytes: int, c) -> str:
     """The default algorithm for ``collective`` over the group of ``c``, chosen like NCCL does.
 
@@ -115,16 +125,20 @@ def choose(collective: str, nbytes: int, c) -> str:
 
     * broadcast, reduce, scatter, gather: the binomial tree (log2 p rounds instead of p-1);
       all_to_all: pairwise exchange; barrier: direct.
-    * all_reduce, all_gather, reduce_scatter: below the ring/tree crossover n* (``crossover_bytes``,
-      on the slowest link the group uses: alpha beta times a factor that grows like p / log2 p) a
-      message is latency-bound and gets log2 p steps: halving_doubling (or, for an all-reduce on a p
-      that is not a power of two, whichever of it and the tree has the smaller alpha-beta time).
-      Above n* the ring: bandwidth-optimal, and it only ever talks to its neighbours, which is why
-      NCCL prefers it for large messages on real networks (the simulated crossbar has no contention,
-      so there halving-doubling would do as well).
-    * an all_reduce above n* whose group spans several nodes, with as many of its ranks on each,
-      joined by a network slower than the node's links: hierarchical (intra-node reduce-scatter,
-      inter-node all-reduce of n/G, intra-node all-gather).
+    * all_reduce, all_gather, reduce_scatter of n bytes in all (p times the piece for the last two),
+      with alpha and beta of the slowest link the group uses:
+
+      - below the ring/tree crossover n* (``crossover_bytes``: alpha beta times a factor that grows
+        like p / log2 p; for p = 2, where that is 0, n* = alpha beta) the message is latency-bound
+        and gets log2 p steps: all-reduce by recursive doubling or halving-doubling, whichever has
+        the smaller alpha-beta time (doubling, for every n below n* we have met), all-gather and
+        reduce-scatter by halving-doubling;
+      - above n* the ring: bandwidth-optimal, and it only ever talks to its neighbours, which is why
+        NCCL prefers it for large messages on real networks (the simulated crossbar has no
+        contention, so there halving-doubling would do as well);
+      - an all-reduce above n* whose group spans several nodes, with as many of its ranks on each,
+        joined by a network slower than the node's links: hierarchical (intra-node reduce-scatter,
+        inter-node all-reduce of n/G, intra-node all-gather).
 
     Inside a DGX H100 node (NVLink4: alpha 1 us, beta 450 GB/s) n* = 0.85 MB for p = 8; over IB NDR400
     (2 us, 50 GB/s) 0.19 MB: the same order as NCCL's switch from tree to ring (256 kB to 4 MB).
@@ -133,24 +147,20 @@ def choose(collective: str, nbytes: int, c) -> str:
     if fixed is not None:
         return fixed
     p = c.size
-    if p <= 2:
+    if p == 1:
         return "ring"
     cl = c.cluster
-    nodes = {}
+    nodes: dict[int, int] = {}
     for i in range(p):
         n_i = c.node(i)
         nodes[n_i] = nodes.get(n_i, 0) + 1
     link = cl.inter_link if len(nodes) > 1 else cl.intra_link
     full = nbytes if collective == "all_reduce" else nbytes * p
-    if full < crossover_bytes(p, link.alpha, link.beta):
-        if collective != "all_reduce" or p & (p - 1) == 0:
-            return "halving_doubling"
-        # p not a power of two: the fold costs two extra full messages, the tree's rounds are shorter
-        q = 1 << (p.bit_length() - 1)
-        t = full / link.beta
-        hd = 2 * (link.alpha + t) + 2 * (q.bit_length() - 1) * link.alpha + 2 * (q - 1) / q * t
-        tree_t = (math.floor(math.log2(p)) + (p - 1).bit_length()) * (link.alpha + t)
-        return "tree" if tree_t < hd else "halving_doubling"
+    n_star = crossover_bytes(p, link.alpha, link.beta) if p > 2 else link.alpha * link.beta
+    if full < n_star:
+        if collective == "all_reduce":
+            return _latency_bound_all_reduce(p, full, link.alpha, link.beta)
+        return "halving_doubling" if p > 2 else "ring"
     slower = cl.inter_link.beta < cl.intra_link.beta or cl.inter_link.alpha > cl.intra_link.alpha
     if collective == "all_reduce" and len(nodes) > 1 and slower and len(set(nodes.values())) == 1:
         return "hierarchical"

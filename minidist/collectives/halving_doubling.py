@@ -12,10 +12,13 @@ Property: all-reduce = all-gather o reduce-scatter (associativity and commutativ
 
 Other p. All-reduce folds the r = p - 2^k extra ranks first: rank 2^k + j adds its whole buffer into
 rank j, the 2^k ranks run the algorithm above, and rank j hands the result back, which adds
-2(alpha + n/beta). Reduce-scatter and all-gather cannot fold (a folded rank would still need its own
-chunk delivered), so they use the same distances on a rotated numbering (Bruck's schedule): at
-distance d rank r exchanges with r - d and r + d (mod p) and the block shrinks or grows by d chunks,
-which reaches every rank in ceil(log2 p) steps with the same (p-1)/p n/beta of traffic:
+2(alpha + n/beta). For small buffers ``recursive_doubling`` swaps the whole buffer at every distance
+instead: k (alpha + n/beta), half the latency for more bytes.
+
+Reduce-scatter and all-gather cannot fold (a folded rank would still need its own chunk delivered),
+so for other p they use the same distances on a rotated numbering (Bruck's schedule): at distance d
+rank r exchanges with r - d and r + d (mod p) and the block shrinks or grows by d chunks, which
+reaches every rank in ceil(log2 p) steps with the same (p-1)/p n/beta of traffic:
 ceil(log2 p) alpha + (p-1)/p n/beta.
 """
 
@@ -67,8 +70,8 @@ def doubling(c: Comm, chunks: list[np.ndarray]) -> None:
         d *= 2
 
 
-@register("all_reduce", "halving_doubling")
-def all_reduce(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
+def _folded(c: Comm, buf: np.ndarray, op: ReduceOp, body) -> None:
+    """Run ``body(inner_comm)`` on the largest power of two q <= p, the other p - q ranks folded in."""
     p, r = c.size, c.rank
     if p == 1:
         return
@@ -79,12 +82,39 @@ def all_reduce(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
         return
     if r < p - q:
         c.recv(buf, r + q, op=op)
-    inner = c.sub(range(q)) if q < p else c
-    chunks = split(buf, q)
-    halving(inner, chunks, op)
-    doubling(inner, chunks)
+    body(c.sub(range(q)) if q < p else c)
     if r < p - q:
         c.send(buf, r + q)
+
+
+@register("all_reduce", "halving_doubling")
+def all_reduce(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
+    def rabenseifner(inner: Comm) -> None:
+        chunks = split(buf, inner.size)
+        halving(inner, chunks, op)
+        doubling(inner, chunks)
+
+    _folded(c, buf, op, rabenseifner)
+
+
+@register("all_reduce", "recursive_doubling")
+def all_reduce_doubling(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
+    """The latency-optimal all-reduce for small buffers: log2 p exchanges of the whole buffer.
+
+    At distance d = 1, 2, ..., q/2 rank r swaps its running result with r xor d and combines the two
+    (both partners compute the same values, as x + y == y + x exactly). Cost on p = 2^k ranks:
+    k (alpha + n/beta), half the latency of Rabenseifner for k times the bytes; other p fold first,
+    adding 2 (alpha + n/beta).
+    """
+    def exchange(inner: Comm) -> None:
+        theirs = np.empty_like(buf)
+        d = 1
+        while d < inner.size:
+            inner.sendrecv(buf, inner.rank ^ d, theirs, inner.rank ^ d)
+            op.ufunc(buf, theirs, out=buf)
+            d *= 2
+
+    _folded(c, buf, op, exchange)
 
 
 def _rotated(chunks: list[np.ndarray], start: int) -> np.ndarray:
