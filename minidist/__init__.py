@@ -26,6 +26,11 @@ from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F40
 
 # isort: split
 
+# --- parallel ---
+from minidist import parallel  # noqa: E402,F401
+
+# isort: split
+
 # --- estimate ---
 from minidist import estimate  # noqa: E402,F401
 

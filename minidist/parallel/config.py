@@ -1,0 +1,89 @@
+"""``ParallelConfig``: one description of how a training run is split across devices (issue 6).
+
+The same dataclass will carry every strategy of Parts IV-VI of the book. This issue implements data
+parallelism (``dp``), ZeRO stages 1-3 (``zero_stage``), FSDP (``fsdp``), gradient accumulation
+(``microbatches``), activation recomputation (``recompute``) and offloading (``offload``). The
+other axes (``tp``, ``pp``, ``cp``, ``ep``) are already fields, so code and labs can name them, but
+a size above one raises until their issue lands.
+
+``recompute``: ``None`` keeps every activation; ``"full"`` keeps only each layer's input (a
+checkpoint per layer); an int ``k`` keeps one input per segment of ``k`` layers, so a backward holds
+(L/k + k) layers of activations (chapter 21); ``"selective"`` drops only the attention scores.
+``offload``: ``None``, ``"optimizer"`` (optimizer state and its update live on the host tier,
+ZeRO-Offload) or ``"optimizer+params"`` (the weights too, streamed to the device per layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_LATER = {"tp": 7, "pp": 8, "cp": 9, "ep": 10}
+OFFLOAD = (None, "optimizer", "optimizer+params")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How to lay one training step out on ``world_size = dp * tp * pp * cp * ep`` devices."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    fsdp: bool = False
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    recompute: str | int | None = None
+    offload: str | None = None
+    bucket_bytes: float = 25 * 2**20  # PyTorch DDP's bucket_cap_mb = 25
+    prefetch: int = 1  # ZeRO-3 / FSDP: layers gathered ahead of the one being computed
+    algorithm: str | None = None  # collective algorithm (None: the runtime's default choice)
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "microbatches"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"ParallelConfig: {name} must be an int >= 1, got {v!r}")
+        for name, issue in _LATER.items():
+            if getattr(self, name) > 1:
+                raise ValueError(f"ParallelConfig: {name} > 1 is not implemented yet (issue {issue}); "
+                                 f"got {name}={getattr(self, name)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"ParallelConfig: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.fsdp and self.zero_stage not in (0, 3):
+            raise ValueError(f"ParallelConfig: fsdp=True shards parameters like ZeRO-3; it cannot be combined with "
+                             f"zero_stage={self.zero_stage}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"ParallelConfig: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        r = self.recompute
+        ok = r in (None, "full", "selective") or (isinstance(r, int) and not isinstance(r, bool) and r >= 1)
+        if not ok:
+            raise ValueError(f"ParallelConfig: recompute must be None, 'full', 'selective' or an int k >= 1 "
+                             f"(a checkpoint every k layers), got {r!r}")
+        if self.offload not in OFFLOAD:
+            raise ValueError(f"ParallelConfig: offload must be one of {OFFLOAD}, got {self.offload!r}")
+        if self.offload == "optimizer+params" and not (self.zero_stage == 3 or self.fsdp):
+            raise ValueError("ParallelConfig: offload='optimizer+params' streams sharded layers from the host; "
+                             "use it with zero_stage=3 or fsdp=True")
+        if not self.bucket_bytes > 0:
+            raise ValueError(f"ParallelConfig: bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+        if not isinstance(self.prefetch, int) or self.prefetch < 0:
+            raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp * self.ep
+
+    @property
+    def shards_params(self) -> bool:
+        """Parameters live as 1/dp shards between uses (ZeRO-3 or FSDP)."""
+        return self.zero_stage == 3 or self.fsdp
+
+    @property
+    def recompute_every(self) -> int | None:
+        """Layers per checkpointed segment (1 for "full"), or None when no whole layer is recomputed."""
+        if self.recompute == "full":
+            return 1
+        return self.recompute if isinstance(self.recompute, int) else None

@@ -1,0 +1,72 @@
+"""Activation recomputation: keep fewer activations, run parts of the forward again in the backward
+(chapter 21, lab 14).
+
+The property: a layer's activations are a deterministic function of its input and weights, so they
+can be thrown away after the forward and rebuilt when the backward needs them, trading one extra
+forward of that part for its memory.
+
+* every ``k`` layers: ``L/k`` segment inputs are kept; the backward of a segment rebuilds its ``k``
+  layers, so at most (L/k + k) layers' worth of activations are alive, minimised near k = sqrt(L);
+* ``"full"`` is k = 1: only each layer's input survives the forward;
+* ``"selective"`` keeps the layer but drops the attention probabilities (b h s^2 per layer, the
+  term that grows with the square of the sequence) and recomputes only attention's core.
+
+The ledger records what is really held: segment boundaries during the forward, one rebuilt
+segment at a time during the backward (freed once that segment's backward is done).
+"""
+
+from __future__ import annotations
+
+from minidist.autograd import checkpoint, is_grad_enabled
+from minidist.autograd import functional as F
+from minidist.nn.attention import repeat_kv
+from minidist.parallel.memory import ActivationLedger, graph_bytes
+
+
+def segments(n_layers: int, every: int | None) -> list[tuple[int, int]]:
+    """Half-open layer ranges run as one unit: ``[(0, k), (k, 2k), ...]``; one per layer when ``every`` is None."""
+    k = 1 if every is None else every
+    return [(i, min(i + k, n_layers)) for i in range(0, n_layers, k)]
+
+
+def run_checkpointed(fn, x, acts: ActivationLedger):
+    """``fn(x)`` under :func:`checkpoint`, accounting the rebuilt activations while its backward runs."""
+
+    def rebuild(inp):
+        out = fn(inp)
+        if is_grad_enabled() and acts is not None:  # the recomputation inside the backward
+            token = acts.hold(graph_bytes(out, exclude=[inp]), "rebuilt")
+            inp.register_post_accumulate_grad_hook(lambda _t: acts.release(token))
+        return out
+
+    return checkpoint(rebuild, x)
+
+
+def selective_attention(attn, acts: ActivationLedger):
+    """A forward for ``attn`` (a CausalSelfAttention) that checkpoints only softmax(q k^T) v.
+
+    Same arithmetic as ``CausalSelfAttention.forward``: the projections and their outputs stay in
+    the graph; the attention probabilities are rebuilt from q, k, v during the backward.
+    """
+
+    def core(q, k, v):
+        n_rep = q.shape[1] // k.shape[1]
+        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        if is_grad_enabled() and acts is not None:
+            token = acts.hold(graph_bytes(y, exclude=[q, k, v]), "rebuilt_attention")
+            q.register_post_accumulate_grad_hook(lambda _t: acts.release(token))
+        return y
+
+    def forward(x):
+        if x.ndim != 3:
+            raise ValueError(f"CausalSelfAttention: expected input (B, T, d_model), got shape {tuple(x.shape)}")
+        B, T, _ = x.shape
+        hd = attn.head_dim
+        q = attn.wq(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        k = attn.wk(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        v = attn.wv(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        y = checkpoint(core, q, k, v)
+        y = y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd)
+        return attn.wo(y)
+
+    return forward

@@ -1,0 +1,85 @@
+"""One micro-batch of a GPT through forward and backward, with the places strategies hook into.
+
+The arithmetic is exactly ``GPT.forward`` (embeddings, blocks, final norm, head, mean
+cross-entropy), unrolled so that a strategy sees each unit go by: ``pre_forward(key)`` and
+``post_forward(key, out)`` around the embeddings (``"embed"``), each block (``"block.i"``) and the
+head (``"head"``). ZeRO-3 and FSDP gather weights there, recomputation groups blocks into
+checkpointed segments, and every unit's activations are measured from the graph and held on the
+ledger until the backward has gone past that unit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.autograd import functional as F
+from minidist.parallel.config import ParallelConfig
+from minidist.parallel.memory import ActivationLedger, graph_bytes
+from minidist.parallel.recompute import run_checkpointed, segments, selective_attention
+
+
+class Hooks:
+    """What a strategy may do around units; the default does nothing (plain data parallelism)."""
+
+    phase = "forward"
+
+    def pre_forward(self, key: str) -> None:
+        pass
+
+    def post_forward(self, key: str, out) -> None:
+        pass
+
+
+class Runner:
+    def __init__(self, model, config: ParallelConfig, acts: ActivationLedger, hooks: Hooks | None = None) -> None:
+        if model.config.dropout:
+            raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
+                             f"got {model.config.dropout}")
+        self.model, self.acts = model, acts
+        self.hooks = hooks or Hooks()
+        self.every = config.recompute_every
+        self.segments = segments(len(model.blocks), self.every)
+        if config.recompute == "selective":
+            for block in model.blocks:
+                object.__setattr__(block.attn, "forward", selective_attention(block.attn, acts))
+
+    def _unit(self, key: str, fn, *args):
+        self.hooks.pre_forward(key)
+        out = fn(*args)
+        self.hooks.post_forward(key, out)
+        return out
+
+    def _blocks(self, lo: int, hi: int):
+        def run(x):
+            for i in range(lo, hi):
+                x = self._unit(f"block.{i}", self.model.blocks[i], x)
+            return x
+        return run
+
+    def loss(self, idx: np.ndarray, targets: np.ndarray):
+        """Forward one micro-batch; returns the mean cross-entropy (a scalar tensor)."""
+        m, acts = self.model, self.acts
+        self.hooks.phase = "forward"
+        B, T = idx.shape
+        x = self._unit("embed", lambda: m.drop(m.wte(idx) + m.wpe(np.arange(T))))
+        acts.hold(graph_bytes(x), "embed")  # embeddings' activations: held until the step ends
+        for lo, hi in self.segments:
+            run = self._blocks(lo, hi)
+            inp = x
+            x = run(inp) if self.every is None else run_checkpointed(run, inp, acts)
+            token = acts.hold(graph_bytes(x, exclude=[inp]), "segment")
+            inp.register_hook(lambda _g, token=token: acts.release(token))  # the segment's backward is done
+
+        def head(h):
+            logits = m.lm_head(m.ln_f(h))
+            return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+
+        loss = self._unit("head", head, x)
+        acts.hold(graph_bytes(loss, exclude=[x]), "head")
+        return loss
+
+    def backward(self, loss, scale: float) -> None:
+        """Backpropagate ``scale * loss`` (the micro-batch's share of the global mean)."""
+        self.hooks.phase = "backward"
+        (loss * scale).backward()
+        self.acts.release_all()
