@@ -16,7 +16,7 @@ from minidist.runtime import ReduceOp, launch
 from tests.test_runtime_collectives import NP_OPS, OPS
 
 DTYPES = (np.float32, np.float64, np.int64)
-SHAPES = ((0,), (), (7,), (3, 5), (37,))
+SHAPES = ((0,), (), (7,), (37,))  # empty, scalar, fewer and more elements than ranks
 TOL = {np.float32: 1e-5, np.float64: 1e-12}
 
 
@@ -37,7 +37,7 @@ def reference(op: ReduceOp, xs: list) -> np.ndarray:
     return out / len(xs) if op is ReduceOp.AVG else out
 
 
-def check_every_algorithm(group_ranks=None) -> int:
+def check_every_algorithm(group_ranks=None, dtypes=DTYPES) -> int:
     """Inside a rank: run every registered algorithm of every collective on the group; return #checks."""
     me = dist.get_rank()
     group = None if group_ranks is None else dist.new_group(group_ranks)
@@ -58,7 +58,7 @@ def check_every_algorithm(group_ranks=None) -> int:
         count += 1
 
     for alg in sorted(ALGORITHMS["all_reduce"]):
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for shape in SHAPES:
                 for op in OPS:
                     if op is ReduceOp.AVG and dtype is np.int64:
@@ -70,7 +70,7 @@ def check_every_algorithm(group_ranks=None) -> int:
                     same(x, reference(op, xs), f"all_reduce[{alg}] {op.name} {dtype.__name__} {shape}", dtype, op)
 
     for alg in sorted(ALGORITHMS["reduce"]):
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for shape in SHAPES[1:]:
                 for op in OPS:
                     if op is ReduceOp.AVG and dtype is np.int64:
@@ -84,7 +84,7 @@ def check_every_algorithm(group_ranks=None) -> int:
                     same(y, want, f"reduce[{alg}] {op.name} {dtype.__name__} {shape} to {root}", dtype, op)
 
     for alg in sorted(ALGORITHMS["broadcast"]):
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for shape in SHAPES:
                 seed += 1
                 root = ranks[seed % p]
@@ -92,8 +92,8 @@ def check_every_algorithm(group_ranks=None) -> int:
                 dist.broadcast(b, src=root, group=group, algorithm=alg)
                 same(b, data(root, seed, shape, dtype), f"broadcast[{alg}] {dtype.__name__} {shape} from {root}")
 
-    for dtype in DTYPES:
-        for k in (0, 1, 3):  # rows per rank; 0 = empty pieces
+    for dtype in dtypes:
+        for k in (0, 3):  # rows per rank; 0 = empty pieces
             seed += 1
             xs = [data(r, seed, (k, 2), dtype) for r in ranks]
             for alg in sorted(ALGORITHMS["gather"]):
@@ -148,7 +148,7 @@ def _world(p: int) -> int:
     if p >= 3:  # a group of the odd ranks: group-local indices differ from global ranks
         odd = [r for r in range(p) if r % 2]
         if dist.get_rank() in odd:
-            n += check_every_algorithm(odd)
+            n += check_every_algorithm(odd, dtypes=(np.float64,))
     return n
 
 
