@@ -161,6 +161,12 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         raise ValueError(f"parallel.train: global_batch={global_batch} cannot give every one of dp={pc.dp} ranks "
                          f"{pc.microbatches} micro-batch(es) of at least one sequence")
     cfg = replace(model_config, dtype=dtype)
+    if cfg.dropout:
+        raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
+                         f"got {cfg.dropout}")
+    if cfg.tie_embeddings and pc.shards_params:
+        raise ValueError("parallel.train: tie_embeddings=True is not supported with zero_stage=3 or fsdp "
+                         "(the tied matrix would belong to two units)")
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
     if tokens.max() >= cfg.vocab_size:
         raise ValueError(f"parallel.train: the data holds token id {int(tokens.max())} but vocab_size is "
