@@ -41,7 +41,7 @@ labs-check: $(STAMP)
 test: $(STAMP) lint labs-check
 	$(SERIAL) $(BIN)/python -m pytest -q tests
 	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
-	  $(SERIAL) $(BIN)/python -m pytest -q --nbval --nbval-current-env --durations=0 solutions/; \
+	  $(SERIAL) $(BIN)/python -m pytest -q --nbval --nbval-current-env -p tests.nb_timing solutions/; \
 	else echo "(no solution notebooks yet)"; fi
 
 test-fast: $(STAMP)
