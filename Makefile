@@ -26,13 +26,20 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Jupyter refuses to run as root unless told; containers often run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+LAB_ARGS ?=
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab labs/
+	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_ARGS) labs/
 
 lint: $(STAMP)
 	$(BIN)/ruff check minidist tests
 
 labs: $(STAMP)
+	@if [ "$(FORCE)" != 1 ] && git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet -- labs/; then \
+	  echo "labs/ has uncommitted changes (your answers?); commit or stash them, or run 'make labs FORCE=1'"; \
+	  exit 1; fi
 	$(BIN)/python -m minidist.labs.build
 
 labs-check: $(STAMP)
