@@ -1,0 +1,321 @@
+"""Pipeline parallelism: stages of layers, activations and gradients between them, and one executor
+that runs any schedule (chapter 16, lab 10).
+
+Property: separability of ``f_L o ... o f_1``. Cut the blocks into ``p v`` contiguous pieces
+(virtual stages); piece j lives on pipeline rank ``j % p`` as its chunk ``j // p``. A micro-batch's
+forward crosses the pieces in order, its backward in reverse order, and because each piece only
+needs its neighbour's activation (forward) or input gradient (backward), the ranks can work on
+different micro-batches at once. The embeddings belong to the first piece, the final norm, head
+and loss to the last. Each micro-batch's loss is scaled by its share of the global batch, so the
+gradients summed over micro-batches are the full batch's.
+
+:func:`partition` cuts a list of layer costs into contiguous pieces minimising the largest piece
+(even: every block costs the same; balanced: costs measured by :func:`layer_costs`).
+:class:`PipelineExecutor` runs a :class:`~minidist.parallel.schedules.Schedule`'s action list on
+this rank: sends are ``isend`` (waited for at the end of the step), receives block. Each compute
+action is recorded as a ``pipeline`` event in the trace (name ``F3``, ``B3.1``, ...) for the Gantt
+chart, and its activations are held on the memory ledger from the forward until the backward (for
+``I``, until the ``W`` pass, minus what ``I`` let go). ``unit_costs`` replaces the roofline charge
+of each action by fixed seconds per stage, the uniform-stage-cost world of the bubble formulas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+
+from minidist.autograd import Tensor, no_grad
+from minidist.autograd import cost as _cost
+from minidist.autograd import functional as F
+from minidist.parallel.memory import graph_bytes
+from minidist.parallel.schedules import Action, Schedule
+from minidist.parallel.split_backward import WeightGradStore
+
+TAG_BASE = 1 << 20  # pipeline messages' tags start here (kept apart from other point-to-point traffic)
+
+
+def partition(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
+    """Cut ``costs`` into ``parts`` contiguous non-empty ranges ``[lo, hi)`` minimising the largest sum.
+
+    Exact dynamic programme over split points (O(n^2 parts)); ties keep earlier pieces larger."""
+    n = len(costs)
+    if not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"partition: parts must be an int >= 1, got {parts!r}")
+    if parts > n:
+        raise ValueError(f"partition: cannot cut {n} layers into {parts} non-empty stages "
+                         f"(need n_layers >= stages x virtual)")
+    if any(c < 0 for c in costs):
+        raise ValueError(f"partition: costs must be >= 0, got {list(costs)}")
+    pre = np.concatenate([[0.0], np.cumsum(costs, dtype=float)])
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]  # best[k][i]: first i layers in k pieces
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            for j in range(k - 1, i):
+                v = max(best[k - 1][j], pre[i] - pre[j])
+                if v < best[k][i] - 1e-12 * max(1.0, abs(v)):
+                    best[k][i], cut[k][i] = v, j
+    bounds, i = [], n
+    for k in range(parts, 0, -1):
+        j = cut[k][i]
+        bounds.append((j, i))
+        i = j
+    return bounds[::-1]
+
+
+def layer_costs(model, idx: np.ndarray, targets: np.ndarray) -> list[float]:
+    """FLOPs of forward + backward of each block on one batch, the embeddings counted with block 0 and
+    the final norm, head and loss with the last block (measured through the autograd's cost hook)."""
+    flops = [0.0]
+
+    def measure(fn) -> float:
+        flops[0] = 0.0
+        previous = _cost.set_cost_hook(lambda name, f, nbytes, dtype: flops.__setitem__(0, flops[0] + f))
+        try:
+            fn()
+        finally:
+            _cost.set_cost_hook(previous)
+        return flops[0]
+
+    def backward_from(fn, x=None):
+        out = fn() if x is None else fn(Tensor(x.data, requires_grad=True))
+        out.backward(np.ones_like(out.data))
+
+    B, T = idx.shape
+    costs = [measure(lambda: backward_from(lambda: model.wte(idx) + model.wpe(np.arange(T))))]
+    with no_grad():
+        h = model.wte(idx) + model.wpe(np.arange(T))
+    for block in model.blocks:
+        costs.append(measure(lambda: backward_from(block, h)))  # noqa: B023 (called at once)
+        with no_grad():
+            h = block(h)
+
+    def head(x):
+        return F.cross_entropy(model.lm_head(model.ln_f(x)).reshape(B * T, -1), targets.reshape(B * T))
+
+    costs.append(measure(lambda: backward_from(head, h)))
+    model.zero_grad()
+    emb, *blocks, last = costs
+    blocks[0] += emb
+    blocks[-1] += last
+    return blocks
+
+
+def stage_layout(n_layers: int, stages: int, virtual: int = 1, costs: Sequence[float] | None = None
+                 ) -> list[tuple[int, int]]:
+    """Block ranges ``[lo, hi)`` of the ``stages * virtual`` virtual stages (even without ``costs``)."""
+    costs = [1.0] * n_layers if costs is None else list(costs)
+    if len(costs) != n_layers:
+        raise ValueError(f"stage_layout: {len(costs)} costs for {n_layers} layers")
+    return partition(costs, stages * virtual)
+
+
+@contextmanager
+def _fixed_cost(clock, name: str, seconds: float):
+    """Silence the autograd's roofline charges inside the block and charge ``seconds`` instead."""
+    previous = _cost.set_cost_hook(None)
+    try:
+        yield
+    finally:
+        _cost.set_cost_hook(previous)
+        clock.charge_compute_seconds(name, seconds)
+
+
+class Chunk:
+    """One virtual stage: blocks ``[lo, hi)``, with the embeddings if first and the head if last."""
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool) -> None:
+        self.model, self.lo, self.hi, self.first, self.last = model, lo, hi, first, last
+
+    def prefixes(self) -> list[str]:
+        names = [f"blocks.{i}." for i in range(self.lo, self.hi)]
+        names += ["wte.", "wpe."] if self.first else []
+        names += ["ln_f.", "lm_head."] if self.last else []
+        return names
+
+    def forward(self, x, targets=None):
+        m = self.model
+        if self.first:
+            T = x.shape[1]
+            x = m.drop(m.wte(x) + m.wpe(np.arange(T)))
+        for i in range(self.lo, self.hi):
+            x = m.blocks[i](x)
+        if self.last:
+            B, T = targets.shape
+            logits = m.lm_head(m.ln_f(x))
+            return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        return x
+
+
+class PipelineExecutor:
+    """This rank's chunks of ``model`` and the machinery to run a schedule's actions on them.
+
+    ``ranks``: the global ranks of the pipeline, stage order; ``stage``: this rank's index in it;
+    ``layout``: block ranges of the ``p v`` virtual stages (see :func:`stage_layout`).
+    ``unit_costs``: None (roofline charges from the autograd) or seconds per stage for ``F``, ``B``,
+    ``I``, ``W`` (a chunk costs 1/v of them). ``ledger``: memory ledger for activations (optional).
+    """
+
+    def __init__(self, model, ranks: Sequence[int], stage: int, layout: Sequence[tuple[int, int]],
+                 unit_costs: dict | None = None, ledger=None) -> None:
+        p = len(ranks)
+        if len(layout) % p:
+            raise ValueError(f"PipelineExecutor: {len(layout)} virtual stages do not divide among {p} ranks")
+        if model.config.tie_embeddings and p > 1:
+            raise ValueError("PipelineExecutor: tie_embeddings=True puts one matrix on the first and the last "
+                             "stage; untie it for pipeline parallelism")
+        if model.config.dropout:
+            raise ValueError(f"PipelineExecutor: dropout must be 0 (masks would differ from the single device), "
+                             f"got {model.config.dropout}")
+        self.model, self.ranks, self.stage, self.p = model, list(ranks), stage, p
+        self.v = len(layout) // p
+        self.nvs = len(layout)
+        self.chunks = [Chunk(model, *layout[c * p + stage], first=c * p + stage == 0,
+                             last=c * p + stage == self.nvs - 1) for c in range(self.v)]
+        self.unit_costs, self.ledger = unit_costs, ledger
+        self.store = WeightGradStore()
+        self._wrapped = False
+        prefixes = [pre for ch in self.chunks for pre in ch.prefixes()]
+        self.named = [(n, p_) for n, p_ in model.named_parameters() if any(n.startswith(pre) for pre in prefixes)]
+
+    def parameters(self) -> list:
+        return [p for _, p in self.named]
+
+    def _split(self) -> None:
+        """Give this stage's Linears a splittable backward (once, on the first I action)."""
+        if not self._wrapped:
+            from minidist.nn.layers import Linear
+
+            seen = set()
+            for ch in self.chunks:
+                mods = [ch.model.blocks[i] for i in range(ch.lo, ch.hi)] + ([ch.model.lm_head] if ch.last else [])
+                for mod in mods:
+                    for sub in mod.modules():
+                        if isinstance(sub, Linear) and id(sub) not in seen:
+                            seen.add(id(sub))
+                            self.store.wrap(sub)
+            self._wrapped = True
+
+    # -- messages ------------------------------------------------------------------------------
+    def _tag(self, kind: int, mb: int, vs: int) -> int:
+        return TAG_BASE + 2 * (mb * self.nvs + vs) + kind
+
+    def _neighbour(self, vs: int) -> tuple[int, int]:
+        return self.ranks[(vs - 1) % self.p], self.ranks[(vs + 1) % self.p]
+
+    # -- one step ------------------------------------------------------------------------------
+    def run(self, schedule: Schedule, idx: Sequence[np.ndarray], targets: Sequence[np.ndarray],
+            weights: Sequence[float]) -> float:
+        """Run this rank's actions of ``schedule`` on micro-batches ``idx[i]``/``targets[i]`` whose losses
+        are scaled by ``weights[i]``; gradients accumulate into the parameters' ``.grad``. Returns the
+        sum of the weighted losses computed here (non-zero on the last stage only)."""
+        from minidist import dist
+        from minidist.runtime.context import current
+
+        if schedule.stages != self.p or schedule.virtual != self.v:
+            raise ValueError(f"PipelineExecutor.run: schedule is for p={schedule.stages}, v={schedule.virtual}; "
+                             f"this pipeline has p={self.p}, v={self.v}")
+        m = schedule.microbatches
+        if not len(idx) == len(targets) == len(weights) == m:
+            raise ValueError(f"PipelineExecutor.run: {m} micro-batches in the schedule but {len(idx)} inputs, "
+                             f"{len(targets)} targets, {len(weights)} weights")
+        clock = current("PipelineExecutor.run").clock
+        d, dtype = self.model.config.d_model, np.dtype(self.model.config.dtype)
+        inputs, outputs, recv, tokens, sends = {}, {}, {}, {}, []
+        losses = 0.0
+        for a in schedule.actions[self.stage]:
+            key = (a.mb, a.chunk)
+            vs = a.chunk * self.p + self.stage
+            ch = self.chunks[a.chunk]
+            prev_r, next_r = self._neighbour(vs)
+            shape = idx[a.mb].shape + (d,)
+            if a.op == "RECV_F":
+                buf = np.empty(shape, dtype=dtype)
+                dist.recv(buf, prev_r, tag=self._tag(0, a.mb, vs - 1))
+                recv[("F",) + key] = buf
+            elif a.op == "RECV_B":
+                buf = np.empty(shape, dtype=dtype)
+                dist.recv(buf, next_r, tag=self._tag(1, a.mb, vs + 1))
+                recv[("B",) + key] = buf
+            elif a.op == "SEND_F":
+                sends.append(dist.isend(outputs[key].data, next_r, tag=self._tag(0, a.mb, vs)))
+            elif a.op == "SEND_B":
+                sends.append(dist.isend(inputs[key].grad, prev_r, tag=self._tag(1, a.mb, vs)))
+            else:
+                start = clock.now()
+                with self._charged(a, clock):
+                    losses += self._compute(a, ch, vs, key, idx, targets, weights, inputs, outputs, recv, tokens)
+                clock.recorder.record("pipeline", str(a), start, clock.now(), 0.0, 0.0)
+        for w in sends:
+            w.wait()
+        if self.ledger is not None:
+            for n in tokens.values():  # nothing should be left; a schedule check makes sure
+                self.ledger.free("activations", n)
+        return losses
+
+    def _compute(self, a: Action, ch: Chunk, vs, key, idx, targets, weights, inputs, outputs, recv, tokens) -> float:
+        if a.op == "F":
+            if ch.first:
+                x = idx[a.mb]
+            elif ("F",) + key in recv:
+                x = Tensor(recv.pop(("F",) + key), requires_grad=True)
+            else:  # the previous virtual stage is on this rank (p = 1)
+                x = Tensor(outputs[(a.mb, a.chunk - 1)].data, requires_grad=True)
+            inputs[key] = x
+            out = ch.forward(x, targets[a.mb] if ch.last else None)
+            loss = 0.0
+            if ch.last:
+                loss = float(out.data) * weights[a.mb]
+                out = out * weights[a.mb]
+            outputs[key] = out
+            if self.ledger is not None:
+                held = isinstance(x, Tensor)
+                n = graph_bytes(out, exclude=[x] if held else []) + (x.data.nbytes if held else 0)
+                self.ledger.alloc("activations", n)
+                tokens[key] = n
+            return loss
+        if a.op in ("B", "I"):
+            out = outputs.pop(key)
+            if ch.last:
+                grad = None
+            elif ("B",) + key in recv:
+                grad = recv.pop(("B",) + key)
+            else:  # the next virtual stage is on this rank
+                grad = inputs[(a.mb, a.chunk + 1)].grad
+            if a.op == "I":
+                self._split()
+                with self.store.capture(key):
+                    out.backward(grad)
+            else:
+                out.backward(grad)
+            if self.ledger is not None:
+                self.ledger.free("activations", tokens.pop(key))
+                if a.op == "I":
+                    n = self.store.stash_bytes(key)
+                    self.ledger.alloc("activations", n)
+                    tokens[key] = n
+            return 0.0
+        if a.op == "W":
+            self.store.flush(key)
+            if self.ledger is not None:
+                self.ledger.free("activations", tokens.pop(key))
+            return 0.0
+        raise ValueError(f"PipelineExecutor: unknown action {a!r}")
+
+    def _charged(self, a: Action, clock):
+        """Roofline charges from the autograd, or (unit_costs) a fixed time with the autograd silent."""
+        if self.unit_costs is None:
+            return nullcontext()
+        c = self.unit_costs
+        return _fixed_cost(clock, str(a), (c["I"] + c["W"] if a.op == "B" and "B" not in c else c[a.op]) / self.v)
+
+    def grads(self) -> dict[str, np.ndarray]:
+        return {n: (np.zeros_like(p.data) if p.grad is None else p.grad.copy()) for n, p in self.named}
+
+    def zero_grad(self) -> None:
+        for _, p in self.named:
+            p.grad = None
