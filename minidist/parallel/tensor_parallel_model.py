@@ -1,0 +1,218 @@
+"""A GPT split over a tensor-parallel group: attention by heads, the MLP by its hidden features, the
+vocabulary by rows (Megatron-LM; chapter 15 and chapter 17's sequence parallelism, lab 09).
+
+``tensor_parallelize(GPT(config, seed), tp)`` turns the model every rank built from the same seed
+into this rank's share: each matrix keeps its block, nothing else changes name, so a checkpoint
+or an optimizer sees ``blocks.0.attn.wq.weight`` as before, only smaller. Per layer and
+micro-batch the group does 2 all-reduces forward and 2 backward (``g`` after attention and after
+the MLP; ``f`` before each), or with sequence parallelism 2 all-gathers and 2 reduce-scatters
+forward and their mirror images backward, plus the all-gathers that rebuild the column layers'
+inputs. The embedding adds one ``g`` forward, the head one ``f`` backward, and the
+vocabulary-parallel cross-entropy two all-reduces of per-token scalars.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.nn.attention import CausalSelfAttention, repeat_kv
+from minidist.nn.gpt import GPT, Block, TiedHead
+from minidist.nn.layers import Linear
+from minidist.nn.mlp import MLP
+from minidist.nn.module import Module
+from minidist.parallel.sequence_parallel import (
+    SequenceParallelDropout,
+    SequenceParallelPositions,
+    adopt,
+    replicated_scope,
+    sequence_parallel_norm,
+)
+from minidist.parallel.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    _ParallelLinear,
+    column_parallel,
+)
+from minidist.parallel.vocab_parallel import (
+    TiedVocabParallelHead,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
+
+
+class TensorParallelAttention(Module):
+    """Causal self-attention on this rank's ``n_heads / t`` query heads and ``n_kv_heads / t`` kv heads.
+
+    Heads are contiguous column blocks of wq, wk, wv and row blocks of wo, and query head h reads
+    kv head ``h // (n_heads / n_kv_heads)``, so rank r's query heads find their kv heads on rank r.
+    """
+
+    def __init__(self, attn: CausalSelfAttention, tp: TPGroup) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim, self.tp = attn.n_heads, attn.n_kv_heads, attn.head_dim, tp
+        self.wq = ColumnParallelLinear.from_dense(attn.wq, tp)
+        self.wk = ColumnParallelLinear.from_dense(attn.wk, tp)
+        self.wv = ColumnParallelLinear.from_dense(attn.wv, tp)
+        self.wo = RowParallelLinear.from_dense(attn.wo, tp)
+
+    def forward(self, x):
+        from minidist.autograd import functional as F
+
+        q, k, v = column_parallel(x, [self.wq, self.wk, self.wv], self.tp)
+        B, T = q.shape[0], q.shape[1]  # with sequence parallelism T is the whole sequence, x held a slice
+        hd = self.head_dim
+        q = q.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        k = k.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        v = v.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
+        n_rep = q.shape[1] // k.shape[1]
+        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        return self.wo(y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd))
+
+    def extra_repr(self) -> str:
+        t = self.tp.size
+        return f"heads {self.n_heads}/{t}, kv heads {self.n_kv_heads}/{t}, head_dim={self.head_dim}"
+
+
+class TensorParallelMLP(Module):
+    """Column-parallel in (fc1, or w_gate and w_up), the activation on the local block, row-parallel out."""
+
+    def __init__(self, mlp: MLP, tp: TPGroup) -> None:
+        super().__init__()
+        self.kind, self.tp = mlp.kind, tp
+        if mlp.kind == "gelu":
+            self.fc1 = ColumnParallelLinear.from_dense(mlp.fc1, tp)
+            self.fc2 = RowParallelLinear.from_dense(mlp.fc2, tp)
+        else:
+            self.w_gate = ColumnParallelLinear.from_dense(mlp.w_gate, tp)
+            self.w_up = ColumnParallelLinear.from_dense(mlp.w_up, tp)
+            self.w_down = RowParallelLinear.from_dense(mlp.w_down, tp)
+
+    def forward(self, x):
+        from minidist.autograd import functional as F
+
+        if self.kind == "gelu":
+            (h,) = column_parallel(x, [self.fc1], self.tp)
+            return self.fc2(F.gelu(h, approximate="tanh"))
+        gate, up = column_parallel(x, [self.w_gate, self.w_up], self.tp)
+        return self.w_down(F.silu(gate) * up)
+
+
+class TensorParallelBlock(Block):
+    """The pre-norm block, unchanged, with the sequence-parallel parameters' gradients reduced together."""
+
+    tp: TPGroup
+
+    def forward(self, x):
+        out = self.mlp.fc2 if self.mlp.kind == "gelu" else self.mlp.w_down
+        params = [self.ln1.weight, getattr(self.ln1, "bias", None), self.ln2.weight, getattr(self.ln2, "bias", None),
+                  self.attn.wo.bias, out.bias]
+        with replicated_scope(self.tp, params):
+            return super().forward(x)
+
+
+class TensorParallelGPT(GPT):
+    """``GPT`` whose logits are this rank's vocabulary slice and whose loss is the vocabulary-parallel one."""
+
+    tp: TPGroup
+
+    def criterion(self, logits, targets):
+        return vocab_parallel_cross_entropy(logits, targets, self.tp)
+
+    def forward(self, idx, targets=None):
+        idx = np.asarray(getattr(idx, "data", idx))
+        if idx.ndim != 2:
+            raise ValueError(f"GPT: idx must be (batch, time), got shape {idx.shape}")
+        B, T = idx.shape
+        if T > self.config.seq_len:
+            raise ValueError(f"GPT: sequence length {T} exceeds config.seq_len={self.config.seq_len}")
+        x = self.drop(self.wte(idx) + self.wpe(np.arange(T)))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        targets = np.asarray(getattr(targets, "data", targets))
+        if targets.shape != (B, T):
+            raise ValueError(f"GPT: targets must have the shape of idx {(B, T)}, got {targets.shape}")
+        return logits, self.criterion(logits.reshape(B * T, -1), targets.reshape(B * T))
+
+
+def check_divisible(config, tp: int, sequence_parallel: bool = False) -> None:
+    """Raise one clear error listing every size of ``config`` that ``tp`` does not divide."""
+    sizes = {"n_heads": config.n_heads, "n_kv_heads": config.n_kv_heads, "d_ff": config.d_ff,
+             "vocab_size": config.vocab_size}
+    if sequence_parallel:
+        sizes["seq_len"] = config.seq_len
+    bad = [f"{k}={v}" for k, v in sizes.items() if v % tp]
+    if bad:
+        raise ValueError(f"tensor parallel: tp={tp} must divide {', '.join(bad)} (each rank takes an equal block)")
+
+
+def _swap(parent: Module, name: str, new: Module) -> None:
+    """Replace a child module in place, keeping its position (so parameter order is unchanged)."""
+    parent._modules[name] = new
+    object.__setattr__(parent, name, new)
+
+
+def tensor_parallelize(model: GPT, tp: TPGroup) -> TensorParallelGPT:
+    """This rank's tensor-parallel share of ``model`` (which is consumed: its modules are reused).
+
+    Every rank must pass a model built from the same seed. Dropout outside the split matmuls uses
+    the model's own generator, so the masks agree across ranks (a synchronised seed) and, with
+    sequence parallelism, each rank applies its slice of the single-device mask.
+    """
+    if not isinstance(model, GPT) or isinstance(model, TensorParallelGPT):
+        raise TypeError(f"tensor_parallelize: expected a dense GPT, got {type(model).__name__}")
+    check_divisible(model.config, tp.size, tp.sequence_parallel)
+    sp = tp.sequence_parallel
+    new = adopt(TensorParallelGPT, model, tp=tp)
+    for i, block in enumerate(model.blocks):
+        _swap(block, "attn", TensorParallelAttention(block.attn, tp))
+        _swap(block, "mlp", TensorParallelMLP(block.mlp, tp))
+        if sp:
+            _swap(block, "ln1", sequence_parallel_norm(block.ln1, tp))
+            _swap(block, "ln2", sequence_parallel_norm(block.ln2, tp))
+            _swap(block, "drop", adopt(SequenceParallelDropout, block.drop, tp=tp))
+        tb = adopt(TensorParallelBlock, block, tp=tp)
+        new.blocks._list[i] = tb
+        _swap(new.blocks, str(i), tb)
+    _swap(new, "wte", VocabParallelEmbedding.from_dense(model.wte, tp))
+    if sp:
+        _swap(new, "wpe", adopt(SequenceParallelPositions, model.wpe, tp=tp))
+        _swap(new, "drop", adopt(SequenceParallelDropout, model.drop, tp=tp))
+        _swap(new, "ln_f", sequence_parallel_norm(model.ln_f, tp))
+    if isinstance(model.lm_head, TiedHead):
+        _swap(new, "lm_head", TiedVocabParallelHead(new.wte))
+    else:
+        _swap(new, "lm_head", ColumnParallelLinear.from_dense(model.lm_head, tp))
+    return new
+
+
+def shard_axes(model: Module) -> dict[str, int | None]:
+    """``{parameter name: axis split across the tensor-parallel group, or None if replicated}``."""
+    axes = {}
+    for prefix, m in model.named_modules():
+        for pname in m._parameters:
+            name = f"{prefix}.{pname}" if prefix else pname
+            axis = None
+            if isinstance(m, _ParallelLinear):
+                axis = m.shard_axis if pname == "weight" else (0 if m.bias_sharded else None)
+            elif isinstance(m, VocabParallelEmbedding):
+                axis = 0
+            axes.setdefault(name, axis)
+    return axes
+
+
+def merge_shards(states: list[dict[str, np.ndarray]], axes: dict[str, int | None]) -> dict[str, np.ndarray]:
+    """The full arrays from every tensor-parallel rank's arrays (in rank order)."""
+    out = {}
+    for name, a in states[0].items():
+        axis = axes.get(name)
+        out[name] = a if axis is None else np.concatenate([s[name] for s in states], axis=axis)
+    return out
+
+
+def dense_layers(model: Module) -> list[str]:
+    """Names of plain ``Linear`` modules left in a model (a tensor-parallel GPT has none)."""
+    return [name for name, m in model.named_modules() if type(m) is Linear]
