@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_LATER = {"tp": 7, "pp": 8, "cp": 9, "ep": 10}
+_LATER = {"tp": 7, "cp": 9, "ep": 10}
 OFFLOAD = (None, "optimizer", "optimizer+params")
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class ParallelConfig:
     bucket_bytes: float = 25 * 2**20  # PyTorch DDP's bucket_cap_mb = 25
     prefetch: int = 1  # ZeRO-3 / FSDP: layers gathered ahead of the one being computed
     algorithm: str | None = None  # collective algorithm (None: the runtime's default choice)
+    virtual_stages: int = 1  # pipeline chunks per pp rank (schedule="interleaved")
+    pp_balance: str = "even"  # pipeline stage cut: "even" (blocks) or "measured" (FLOPs of each block)
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "microbatches"):
@@ -69,6 +71,13 @@ class ParallelConfig:
                              "use it with zero_stage=3 or fsdp=True")
         if not self.bucket_bytes > 0:
             raise ValueError(f"ParallelConfig: bucket_bytes must be > 0, got {self.bucket_bytes!r}")
+        if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1:
+            raise ValueError(f"ParallelConfig: virtual_stages must be an int >= 1, got {self.virtual_stages!r}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise ValueError(f"ParallelConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved', "
+                             f"got {self.schedule!r}")
+        if self.pp_balance not in ("even", "measured"):
+            raise ValueError(f"ParallelConfig: pp_balance must be 'even' or 'measured', got {self.pp_balance!r}")
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
 

@@ -51,8 +51,8 @@ class TrainResult:
 
 
 def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
-    if "full" in st:
-        return st["full"]
+    if "full" in st:  # replicated, or (pipeline stages) each rank holds some whole parameters
+        return {k: v for s in per_rank for k, v in s["full"].items()}
     return assemble(st["meta"], [s["shards"] for s in per_rank])
 
 
@@ -70,6 +70,10 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     from minidist.runtime.context import current
 
     pc = parallel
+    if pc.pp > 1:
+        from minidist.parallel.pipeline_train import rank_train
+
+        return rank_train(model_config, pc, steps, global_batch, seed, optimizer, hyper, tokens, pc.pp_balance)
     grid = ParallelGrid(pc, dist.get_rank())
     group, dp, dp_rank = grid.group("dp"), pc.dp, grid.index("dp")
     ledger = dist.memory()

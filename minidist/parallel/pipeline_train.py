@@ -1,0 +1,90 @@
+"""One rank of ``md.parallel.train`` when ``pp > 1``: a pipeline stage inside a data-parallel replica
+(chapters 16 and 23; lab 10).
+
+The rank builds the whole GPT from the seed (every rank draws the same weights) and keeps the
+blocks of its virtual stages (:func:`~minidist.parallel.pipeline.stage_layout`, even or balanced
+by measured cost). Its parameters form a DDP replica over the ``dp`` axis: the schedule runs all
+micro-batches with gradient synchronisation off, then the buckets are all-reduced once the
+pipeline has flushed, and every stage applies the optimizer to its own parameters. The step's loss
+is computed on the last stage; the trainer sums the ranks' shares.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist.parallel.schedules import ALIASES, check_schedule, make_schedule
+
+
+def build_schedule(config, n_layers: int):
+    """The checked schedule of ``config`` (``schedule``, ``pp``, ``microbatches``, ``virtual_stages``)."""
+    v = getattr(config, "virtual_stages", 1)
+    name = ALIASES.get(config.schedule, config.schedule)
+    if v > 1 and name != "interleaved":
+        raise ValueError(f"parallel.train: virtual_stages={v} needs schedule='interleaved', got {config.schedule!r}")
+    if n_layers < config.pp * v:
+        raise ValueError(f"parallel.train: pp={config.pp} x virtual_stages={v} stages need at least that many "
+                         f"layers, the model has n_layers={n_layers}")
+    return check_schedule(make_schedule(name, config.pp, config.microbatches, v))
+
+
+def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optimizer: str, hyper: dict,
+               tokens: np.ndarray, balance: str = "even") -> dict:
+    from minidist import dist
+    from minidist.data import get_batch
+    from minidist.nn import GPT
+    from minidist.parallel.data_parallel import DataParallel
+    from minidist.parallel.flat_optim import FlatOptimizer
+    from minidist.parallel.grid import ParallelGrid
+    from minidist.parallel.memory import state_bytes_per_param
+    from minidist.parallel.pipeline import PipelineExecutor, layer_costs, stage_layout
+    from minidist.parallel.train import split_sizes
+    from minidist.runtime.context import current
+
+    if pc.zero_stage or pc.fsdp or pc.recompute is not None or pc.offload is not None or pc.tp > 1 or pc.cp > 1 \
+            or pc.ep > 1:
+        raise ValueError("parallel.train: pp > 1 composes with dp (plain DDP) for now; ZeRO, FSDP, recompute, "
+                         "offload, tp, cp and ep with pipelining are not implemented yet")
+    grid = ParallelGrid(pc, dist.get_rank())
+    group, dp, dp_rank = grid.group("dp"), pc.dp, grid.index("dp")
+    ledger = dist.memory()
+    clock = current("md.parallel.train").clock
+    model = GPT(model_config, seed=seed)
+    schedule = build_schedule(pc, model_config.n_layers)
+    v = schedule.virtual
+    rng = np.random.default_rng([seed, 2])
+    rows = split_sizes(global_batch, dp)
+    lo = sum(rows[:dp_rank])
+    mb_rows = split_sizes(rows[dp_rank], pc.microbatches)
+    costs = None
+    if balance == "measured":
+        x, y = get_batch(tokens, max(mb_rows), model_config.seq_len, np.random.default_rng([seed, 3]))
+        costs = layer_costs(model, x, y)
+    layout = stage_layout(model_config.n_layers, pc.pp, v, costs)
+    ex = PipelineExecutor(model, grid.ranks_along("pp"), grid.index("pp"), layout, ledger=ledger)
+    strat = DataParallel(ex.named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
+    opt = FlatOptimizer(optimizer, **hyper)
+    strat.setup(ledger, state_bytes_per_param(model_config.dtype, optimizer))
+    losses, windows, grads = [], [], None
+    for step in range(steps):
+        x, y = get_batch(tokens, global_batch, model_config.seq_len, rng)
+        x, y = x[lo:lo + rows[dp_rank]], y[lo:lo + rows[dp_rank]]
+        cuts = np.cumsum([0] + mb_rows)
+        t0 = dist.now()
+        with strat.no_sync():
+            loss = ex.run(schedule, [x[a:b] for a, b in zip(cuts, cuts[1:])],
+                          [y[a:b] for a, b in zip(cuts, cuts[1:])], [n / global_batch for n in mb_rows])
+        strat.finish()
+        if step == steps - 1:
+            grads = strat.grad_state()
+        pieces = strat.pieces()
+        opt.step(pieces)
+        moved = (7 if optimizer == "adamw" else 4) * sum(p.nbytes for p, _ in pieces)
+        dist.compute(bytes=moved, name="optimizer.step", dtype=model_config.dtype)
+        strat.after_step(model)
+        clock.join(clock.end())
+        windows.append((t0, dist.now()))
+        losses.append(loss)
+    return {"losses": losses, "windows": windows, "grads": grads, "params": strat.param_state(), "host": None,
+            "acts": [], "num_params": int(sum(p.data.size for _, p in model.named_parameters())),
+            "layout": layout, "stage": grid.index("pp")}
