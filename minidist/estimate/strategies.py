@@ -49,14 +49,19 @@ def tp_all_reduces_per_layer(recompute: str | None = None) -> int:
 
 
 def tp_comm_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, dtype_bytes: float = 2,
-                  recompute: str | None = None) -> float:
+                  recompute: str | None = None, sequence_parallel: bool = False) -> float:
     """Bytes each GPU sends for TP in one micro-batch: n_AR L 2(t-1)/t b s h s_dtype (n_AR = 4, or 6
-    with full recomputation); the book's "4 L x B S H 2" counts the messages, this counts ring traffic."""
+    with full recomputation); the book's "4 L x B S H 2" counts the messages, this counts ring traffic.
+
+    With sequence parallelism each all-reduce becomes a reduce-scatter + all-gather pair (the same
+    bytes), and the backward all-gathers the input of the two column-parallel regions again, because
+    only its sequence shard was kept (Korthikanti et al. 2022): one all-reduce's worth more per layer,
+    (n_AR + 1) L 2(t-1)/t b s h s_dtype."""
     fn = "tp_comm_bytes"
     b, s, h, L, t = (count(fn, n, v) for n, v in
                      (("batch", batch), ("seq", seq), ("hidden", hidden), ("layers", layers), ("tp", tp)))
-    return tp_all_reduces_per_layer(recompute) * L * 2 * (t - 1) / t * b * s * h * positive(fn, "dtype_bytes",
-                                                                                              dtype_bytes)
+    n = tp_all_reduces_per_layer(recompute) + (1 if sequence_parallel else 0)
+    return n * L * 2 * (t - 1) / t * b * s * h * positive(fn, "dtype_bytes", dtype_bytes)
 
 
 def layernorm_stats_bytes(batch: int, seq: int) -> float:
