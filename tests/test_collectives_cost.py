@@ -147,12 +147,13 @@ def test_simulated_time_equals_the_estimate_for_every_p(measured, coll, alg):
 
 
 @pytest.mark.parametrize("coll", ["all_reduce", "reduce", "gather"])
-def test_tree_fan_in_equals_the_estimate_for_powers_of_two(measured, coll):
+def test_tree_fan_in_equals_the_estimate(measured, coll):
     """Reduce and gather receive from several children at once on separate links, so for p not a power
-    of two they finish before the estimate's ceil(log2 p) rounds: the reduce after floor(log2 p)."""
+    of two the reduce finishes after floor(log2 p) rounds (the estimate says so); the estimate of gather
+    is exact for powers of two and an upper bound otherwise."""
     for p, n, dt in _cases_for(measured, coll, "tree"):
         want = collective_time(coll, n, p, ALPHA, BETA, "tree")
-        if _pow2(p):
+        if coll != "gather" or _pow2(p):
             assert dt == pytest.approx(want, rel=REL, abs=1e-15), (coll, p, n, dt, want)
         else:
             assert dt < want, (coll, p, n, dt, want)

@@ -15,9 +15,13 @@ def lg(p):
     return math.ceil(math.log2(p))
 
 
+def fl(p):  # a binomial reduce's critical path: floor(log2 p) rounds (early arrivals on separate links)
+    return math.floor(math.log2(p))
+
+
 CLOSED = {
     ("all_reduce", "ring"): lambda n, p: 2 * (p - 1) * A + 2 * (p - 1) / p * n / B,
-    ("all_reduce", "tree"): lambda n, p: 2 * lg(p) * (A + n / B),
+    ("all_reduce", "tree"): lambda n, p: (fl(p) + lg(p)) * (A + n / B),
     # two half-rings: 2(p-1) steps of n/(2p) each way (the book's (p-1) alpha is not reachable); p=2 is the ring
     ("all_reduce", "bidirectional_ring"): lambda n, p: (2 * A + n / B if p == 2
                                                        else 2 * (p - 1) * A + (p - 1) / p * n / B),
@@ -25,7 +29,7 @@ CLOSED = {
     ("all_gather", "ring"): lambda n, p: (p - 1) * (A + n / (p * B)),
     ("all_to_all", "pairwise"): lambda n, p: (p - 1) * (A + n / (p * B)),
     ("broadcast", "tree"): lambda n, p: lg(p) * (A + n / B),
-    ("reduce", "tree"): lambda n, p: lg(p) * (A + n / B),
+    ("reduce", "tree"): lambda n, p: fl(p) * (A + n / B),
     ("scatter", "tree"): lambda n, p: lg(p) * A + (p - 1) / p * n / B,
     ("gather", "tree"): lambda n, p: lg(p) * A + (p - 1) / p * n / B,
     ("send_recv", "ring"): lambda n, p: A + n / B,

@@ -41,13 +41,19 @@ def _log2_ceil(p: int) -> int:
     return (p - 1).bit_length()  # ceil(log2 p) for p >= 1, exact for integers
 
 
+def _log2_floor(p: int) -> int:
+    return p.bit_length() - 1
+
+
 def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, algorithm: str = "ring") -> float:
     """Seconds for collective ``op`` on ``p`` ranks moving a buffer of ``nbytes`` (alpha-beta model).
 
     Formulas (n = nbytes, a = alpha, b = beta, lg = ceil(log2 p)):
 
     - all_reduce ring: 2(p-1) a + 2(p-1)/p n/b (reduce-scatter then all-gather)
-    - all_reduce tree: 2 lg (a + n/b) (binomial reduce then broadcast of the whole buffer)
+    - all_reduce tree: (fl + lg)(a + n/b) with fl = floor(log2 p): a binomial reduce then a binomial
+      broadcast of the whole buffer, 2 log2(p)(a + n/b) when p is a power of two. The reduce needs only
+      fl rounds: when p is not a power of two the odd child arrives early on its own link (see reduce).
     - all_reduce halving_doubling (Rabenseifner): 2 log2(p) a + 2(p-1)/p n/b for p = 2^k. For other p,
       the r = p - 2^k extra ranks first fold their buffer into a partner and get the result back at the
       end: 2 (a + n/b) more, plus the power-of-two formula on p' = 2^k.
@@ -59,8 +65,12 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
       every p (recursive halving/doubling for p = 2^k, Bruck's rotated schedule otherwise; a fold of the
       extra ranks would not deliver their own chunk, so it is not used here)
     - all_to_all pairwise: (p-1)(a + n/(p b)), n = the data each rank holds in total
-    - broadcast / reduce (binomial tree): lg (a + n/b)
-    - scatter / gather (binomial tree): lg a + (p-1)/p n/b
+    - broadcast (binomial tree): lg (a + n/b)
+    - reduce (binomial tree): fl (a + n/b). A parent receives its children on separate links; a child
+      with no children of its own sends at once, so for p not a power of two the last round's message is
+      already there when the parent gets to it and the critical path is floor(log2 p) rounds.
+    - scatter / gather (binomial tree): lg a + (p-1)/p n/b (for gather an upper bound when p is not a
+      power of two, for the same early-arrival reason as reduce)
     - send_recv: a + n/b (p is ignored beyond validation; the algorithm too)
 
     Raises ValueError naming the argument for negative sizes, p < 1, non-positive beta, an unknown op
@@ -86,7 +96,7 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
         if algorithm == "ring":
             return 2 * (p - 1) * a + 2 * (p - 1) / p * n / b
         if algorithm == "tree":
-            return 2 * lg * (a + n / b)
+            return (_log2_floor(p) + lg) * (a + n / b)
         if algorithm == "bidirectional_ring":
             if p == 2:
                 return 2 * a + n / b
@@ -101,8 +111,10 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
         return lg * a + (p - 1) / p * n / b
     if op == "all_to_all":
         return (p - 1) * (a + n / (p * b))
-    if op in ("broadcast", "reduce"):
+    if op == "broadcast":
         return lg * (a + n / b)
+    if op == "reduce":
+        return _log2_floor(p) * (a + n / b)
     return lg * a + (p - 1) / p * n / b  # scatter, gather
 
 
