@@ -28,6 +28,18 @@ def build_schedule(config, n_layers: int):
     return check_schedule(make_schedule(name, config.pp, config.microbatches, v))
 
 
+def check_pipeline(model_config, pc) -> None:
+    """Reject, before any process starts, a pipeline layout this trainer cannot run."""
+    if pc.zero_stage or pc.fsdp or pc.recompute is not None or pc.offload is not None or pc.tp > 1 or pc.cp > 1 \
+            or pc.ep > 1:
+        raise ValueError("parallel.train: pp > 1 composes with dp (plain DDP) for now; ZeRO, FSDP, recompute, "
+                         "offload, tp, cp and ep with pipelining are not implemented yet")
+    if model_config.tie_embeddings:
+        raise ValueError("parallel.train: tie_embeddings=True puts one matrix on the first and the last pipeline "
+                         "stage; untie it for pp > 1")
+    build_schedule(pc, model_config.n_layers)
+
+
 def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optimizer: str, hyper: dict,
                tokens: np.ndarray, balance: str = "even") -> dict:
     from minidist import dist
@@ -41,10 +53,7 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     from minidist.parallel.train import split_sizes
     from minidist.runtime.context import current
 
-    if pc.zero_stage or pc.fsdp or pc.recompute is not None or pc.offload is not None or pc.tp > 1 or pc.cp > 1 \
-            or pc.ep > 1:
-        raise ValueError("parallel.train: pp > 1 composes with dp (plain DDP) for now; ZeRO, FSDP, recompute, "
-                         "offload, tp, cp and ep with pipelining are not implemented yet")
+    check_pipeline(model_config, pc)
     grid = ParallelGrid(pc, dist.get_rank())
     group, dp, dp_rank = grid.group("dp"), pc.dp, grid.index("dp")
     ledger = dist.memory()

@@ -165,6 +165,10 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         raise ValueError(f"parallel.train: global_batch={global_batch} cannot give every one of dp={pc.dp} ranks "
                          f"{pc.microbatches} micro-batch(es) of at least one sequence")
     cfg = replace(model_config, dtype=dtype)
+    if pc.pp > 1:
+        from minidist.parallel.pipeline_train import check_pipeline
+
+        check_pipeline(cfg, pc)
     if cfg.dropout:
         raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
                          f"got {cfg.dropout}")
