@@ -41,6 +41,13 @@ from minidist.parallel.vocab_parallel import (
 )
 
 
+def _attend(q, k, v):
+    from minidist.autograd import functional as F
+
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+
+
 class TensorParallelAttention(Module):
     """Causal self-attention on this rank's ``n_heads / t`` query heads and ``n_kv_heads / t`` kv heads.
 
@@ -56,18 +63,32 @@ class TensorParallelAttention(Module):
         self.wv = ColumnParallelLinear.from_dense(attn.wv, tp)
         self.wo = RowParallelLinear.from_dense(attn.wo, tp)
 
-    def forward(self, x):
-        from minidist.autograd import functional as F
-
+    def forward(self, x, core=None):
+        """``core(q, k, v)`` replaces the attention of the local heads (selective recomputation)."""
         q, k, v = column_parallel(x, [self.wq, self.wk, self.wv], self.tp)
         B, T = q.shape[0], q.shape[1]  # with sequence parallelism T is the whole sequence, x held a slice
         hd = self.head_dim
         q = q.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
         k = k.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
         v = v.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
-        n_rep = q.shape[1] // k.shape[1]
-        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        y = (core or _attend)(q, k, v)
         return self.wo(y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd))
+
+    def selective_forward(self, acts):
+        """A forward that checkpoints only the local heads' softmax(q k^T) v (``recompute="selective"``),
+        accounting the rebuilt probabilities on ``acts`` (an ActivationLedger) like ``recompute.py``."""
+        from minidist.autograd import checkpoint, is_grad_enabled
+        from minidist.parallel.memory import graph_bytes
+
+        def core(q, k, v):
+            y = _attend(q, k, v)
+            if is_grad_enabled() and acts is not None:
+                token = acts.hold(graph_bytes(y, exclude=[q, k, v]), "rebuilt_attention")
+                q.register_post_accumulate_grad_hook(lambda _t: acts.release(token))
+            return y
+
+        forward = type(self).forward  # the class's: the instance attribute is what this replaces
+        return lambda x: forward(self, x, core=lambda q, k, v: checkpoint(core, q, k, v))
 
     def extra_repr(self) -> str:
         t = self.tp.size
@@ -216,3 +237,23 @@ def merge_shards(states: list[dict[str, np.ndarray]], axes: dict[str, int | None
 def dense_layers(model: Module) -> list[str]:
     """Names of plain ``Linear`` modules left in a model (a tensor-parallel GPT has none)."""
     return [name for name, m in model.named_modules() if type(m) is Linear]
+
+
+def merge_tensor_parallel(out: list[dict], state_fn, replicated: bool):
+    """``md.parallel.train``'s results with tensor parallelism: full parameters and gradients from
+    every rank's blocks, and (replicated layouts) one full copy of the weights per data-parallel replica.
+
+    ``out``: the ranks' reports in rank order (``tp_rank``, ``dp_rank``, ``tp_axes``, ``params``,
+    ``grads``); ``state_fn(first, reports)`` assembles one tensor-parallel position's state over dp.
+    """
+    axes, tp = out[0]["tp_axes"], 1 + max(o["tp_rank"] for o in out)
+    by_tp = [[o for o in out if o["tp_rank"] == i] for i in range(tp)]
+
+    def merged(key):
+        return merge_shards([state_fn(g[0][key], [o[key] for o in g]) for g in by_tp], axes)
+
+    rank_params = None
+    if replicated:
+        replicas = sorted({o["dp_rank"] for o in out})
+        rank_params = [merge_shards([o["params"]["full"] for o in out if o["dp_rank"] == d], axes) for d in replicas]
+    return merged("params"), merged("grads"), rank_params
