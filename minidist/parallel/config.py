@@ -4,7 +4,8 @@ The same dataclass will carry every strategy of Parts IV-VI of the book. This is
 parallelism (``dp``), ZeRO stages 1-3 (``zero_stage``), FSDP (``fsdp``), gradient accumulation
 (``microbatches``), activation recomputation (``recompute``) and offloading (``offload``). The
 other axes (``tp``, ``pp``, ``cp``, ``ep``) are already fields, so code and labs can name them, but
-a size above one raises until their issue lands.
+a size above one raises until their issue lands. Tensor parallelism (``tp``, issue 7) has landed:
+``sequence_parallel=True`` adds Megatron's sequence parallelism to it.
 
 ``recompute``: ``None`` keeps every activation; ``"full"`` keeps only each layer's input (a
 checkpoint per layer); an int ``k`` keeps one input per segment of ``k`` layers, so a backward holds
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_LATER = {"tp": 7, "cp": 9, "ep": 10}
+_LATER = {"cp": 9, "ep": 10}
 OFFLOAD = (None, "optimizer", "optimizer+params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1")
 
@@ -42,6 +43,7 @@ class ParallelConfig:
     algorithm: str | None = None  # collective algorithm (None: the runtime's default choice)
     virtual_stages: int = 1  # pipeline chunks per pp rank (schedule="interleaved")
     pp_balance: str = "even"  # pipeline stage cut: "even" (blocks) or "measured" (FLOPs of each block)
+    sequence_parallel: bool = False  # with tp: norms/dropout on sequence shards, AG/RS instead of all-reduce
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "microbatches"):
@@ -76,6 +78,11 @@ class ParallelConfig:
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise ValueError(f"ParallelConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved', "
                              f"got {self.schedule!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"ParallelConfig: sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if self.tp > 1 and self.pp > 1:
+            raise ValueError(f"ParallelConfig: tp={self.tp} with pp={self.pp} is not supported yet (the pipeline "
+                             f"stages build dense layers)")
         if self.pp_balance not in ("even", "measured"):
             raise ValueError(f"ParallelConfig: pp_balance must be 'even' or 'measured', got {self.pp_balance!r}")
         if not isinstance(self.prefetch, int) or self.prefetch < 0:

@@ -41,7 +41,8 @@ class Runner:
         self.segments = segments(len(model.blocks), self.every)
         if config.recompute == "selective":
             for block in model.blocks:
-                object.__setattr__(block.attn, "forward", selective_attention(block.attn, acts))
+                own = getattr(block.attn, "selective_forward", None)  # tensor-parallel attention brings its own
+                object.__setattr__(block.attn, "forward", own(acts) if own else selective_attention(block.attn, acts))
 
     def _unit(self, key: str, fn, *args):
         self.hooks.pre_forward(key)
@@ -72,7 +73,8 @@ class Runner:
 
         def head(h):
             logits = m.lm_head(m.ln_f(h))
-            return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+            loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: vocabulary-parallel loss
+            return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
 
         loss = self._unit("head", head, x)
         acts.hold(graph_bytes(loss, exclude=[x]), "head")

@@ -79,6 +79,15 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     ledger = dist.memory()
     clock = current("md.parallel.train").clock
     model = GPT(model_config, seed=seed)
+    num_params = model.num_parameters()
+    tp_axes = None
+    if pc.tp > 1 or pc.sequence_parallel:  # this rank's tensor-parallel share of the model (issue 7)
+        from minidist.parallel.tensor_parallel import TPGroup
+        from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
+
+        tpg = TPGroup(grid.group("tp"), pc.tp, grid.index("tp"), pc.sequence_parallel, pc.algorithm)
+        model = tensor_parallelize(model, tpg)
+        tp_axes = shard_axes(model)
     named = list(model.named_parameters())
     sb = state_bytes_per_param(model_config.dtype, optimizer)
     if pc.shards_params:
@@ -137,7 +146,7 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     return {"losses": losses, "windows": windows, "grads": grads, "params": strat.param_state(),
             "host": None if host is None else dict(host.ledger.peak),
             "acts": acts.log,
-            "num_params": int(sum(p.data.size for _, p in named))}
+            "num_params": num_params, "tp_rank": grid.index("tp"), "dp_rank": dp_rank, "tp_axes": tp_axes}
 
 
 def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
@@ -175,6 +184,10 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     if cfg.tie_embeddings and pc.shards_params:
         raise ValueError("parallel.train: tie_embeddings=True is not supported with zero_stage=3 or fsdp "
                          "(the tied matrix would belong to two units)")
+    if pc.tp > 1 or pc.sequence_parallel:
+        from minidist.parallel.tensor_parallel_model import check_divisible
+
+        check_divisible(cfg, pc.tp, pc.sequence_parallel)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
     if tokens.max() >= cfg.vocab_size:
         raise ValueError(f"parallel.train: the data holds token id {int(tokens.max())} but vocab_size is "
@@ -185,18 +198,25 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     res = launch(_rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper,
                                                              tokens), cluster=cluster, timeout=timeout)
     out = list(res)
-    losses = [float(sum(o["losses"][s] for o in out)) for s in range(steps)]
+    lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
+    losses = [float(sum(o["losses"][s] for o in lead)) for s in range(steps)]
     windows = [o["windows"] for o in out]
     time = [max(w[s][1] - w[s][0] for w in windows) for s in range(steps)]
     links = [e for e in res.trace if e.stream == "link"]
     comm = [[sum(e.nbytes for e in links if e.rank == r and windows[r][s][0] <= e.start < windows[r][s][1])
              for r in range(len(out))] for s in range(steps)]
     replicated = "full" in out[0]["params"]
+    params = _state(out[0]["params"], [o["params"] for o in out])
+    grads = _state(out[0]["grads"], [o["grads"] for o in out])
+    rank_params = [o["params"]["full"] for o in out] if replicated else None
+    if pc.tp > 1:
+        from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
+
+        params, grads, rank_params = merge_tensor_parallel(out, _state, replicated)
     return TrainResult(
-        losses=losses, params=_state(out[0]["params"], [o["params"] for o in out]),
-        grads=_state(out[0]["grads"], [o["grads"] for o in out]), time=time,
+        losses=losses, params=params, grads=grads, time=time,
         memory=[dict(m.peak) for m in res.memory], trace=res.trace, comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
-        rank_params=[o["params"]["full"] for o in out] if replicated else None,
+        rank_params=rank_params,
         activations=out[0]["acts"], state_bytes=state_bytes_per_param(dtype, optimizer),
         num_params=out[0]["num_params"], windows=windows)
