@@ -6,6 +6,11 @@ One idea per file: ``config`` (ParallelConfig), ``grid`` (rank arithmetic on the
 ``recompute`` (activation checkpointing), ``offload`` (host tier), ``memory`` (ledger accounting),
 ``flat_optim`` (the elementwise update on any shard), ``runner`` (a micro-batch's forward and
 backward with the strategies' hooks) and ``train`` (``md.parallel.train``).
+
+Tensor parallelism (issue 7): ``tensor_parallel`` (TPGroup, the conjugate f/g operators and their
+sequence-parallel halves, column/row-parallel linears), ``sequence_parallel`` (norms, dropout and
+positions on sequence shards), ``vocab_parallel`` (embedding, head, cross-entropy split by
+vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(GPT)``).
 """
 
 from minidist.parallel.config import ParallelConfig
@@ -14,5 +19,12 @@ from minidist.parallel.grid import ParallelGrid
 from minidist.parallel.memory import graph_bytes, state_bytes_per_param
 from minidist.parallel.train import TrainResult, split_sizes, train
 
+# isort: split
+from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
+from minidist.parallel.tensor_parallel_model import tensor_parallelize
+from minidist.parallel.vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
+
 __all__ = ["FlatUnit", "ParallelConfig", "ParallelGrid", "TrainResult", "graph_bytes", "split_sizes",
            "state_bytes_per_param", "train"]
+__all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParallelEmbedding", "tensor_parallelize",
+            "vocab_parallel_cross_entropy"]
