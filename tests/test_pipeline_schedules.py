@@ -205,3 +205,23 @@ def test_even_layout_and_a_heavy_last_layer():
     assert stage_layout(8, 2, 2) == [(0, 2), (2, 4), (4, 6), (6, 8)]
     assert stage_layout(4, 2, costs=[1, 1, 1, 3]) == [(0, 3), (3, 4)]
     assert np.allclose(bubble_fraction(simulate(gpipe(1, 3))), 0.0)
+
+
+def test_gantt_chart_and_explorer():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minidist.viz import pipeline_explorer, plot_pipeline
+
+    trace = simulate(interleaved(2, 4, 2))
+    ax = plot_pipeline(trace, unit="", title="interleaved")
+    bars = sum(len(c.get_paths()) for c in ax.collections)
+    assert bars == 2 * 4 * 2 * 2  # every compute action of every stage is a bar
+    assert "bubble 11.1%" in ax.get_title()
+    with pytest.raises(ValueError, match="no 'pipeline' events"):
+        plot_pipeline([])
+    box = pipeline_explorer("zb-h1", 4, 8)
+    box.children[1].children[0].value = 12  # m: redraws without error
+    plt.close("all")
