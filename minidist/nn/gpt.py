@@ -20,6 +20,7 @@ from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.moe import MoE, aux_loss
 
 _MLPS = ("gelu", "swiglu")
 _NORMS = ("layernorm", "rmsnorm")
@@ -44,6 +45,13 @@ class GPTConfig:
     bias: bool = True
     tie_embeddings: bool = False
     dtype: str = "float32"
+    # mixture of experts (chapter 18): n_experts = 0 keeps the dense MLP
+    n_experts: int = 0
+    top_k: int = 2
+    capacity_factor: float | None = None
+    shared_expert: bool = False
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 0.001
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
@@ -68,6 +76,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig: d_ff must be >= 1, got {self.d_ff}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig: dropout must lie in [0, 1), got {self.dropout}")
+        if self.n_experts < 0 or (self.n_experts and not 1 <= self.top_k <= self.n_experts):
+            raise ValueError(f"GPTConfig: need n_experts >= 0 and 1 <= top_k <= n_experts, got "
+                             f"n_experts={self.n_experts}, top_k={self.top_k}")
         if np.dtype(self.dtype).kind != "f":
             raise ValueError(f"GPTConfig: dtype must be a floating-point type, got {self.dtype!r}")
 
@@ -83,7 +94,11 @@ def make_norm(config: GPTConfig) -> Module:
 
 
 def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: float) -> Module:
-    """The feed-forward module of one block; the place to add other kinds (mixture of experts)."""
+    """The feed-forward module of one block: the dense MLP, or a mixture of experts when n_experts > 0."""
+    if config.n_experts:
+        return MoE(config.d_model, config.d_ff, config.n_experts, config.top_k, config.capacity_factor, config.mlp,
+                   config.bias, config.shared_expert, config.aux_loss_coef, config.z_loss_coef, rng=rng,
+                   init_std=std, out_std=out_std, dtype=config.dtype)
     return MLP(config.d_model, config.d_ff, config.mlp, config.bias, rng=rng, init_std=std, out_std=out_std,
                dtype=config.dtype)
 
@@ -156,6 +171,8 @@ class GPT(Module):
         if targets.shape != (B, T):
             raise ValueError(f"GPT: targets must have the shape of idx {(B, T)}, got {targets.shape}")
         loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        if self.config.n_experts:  # the routers' load-balancing and z losses
+            loss = loss + aux_loss(self)
         return logits, loss
 
     def generate(self, idx, n: int, temperature: float = 1.0, rng: np.random.Generator | int | None = None,
