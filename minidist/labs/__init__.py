@@ -22,6 +22,13 @@ from minidist.labs.roofline_checks import (
 )
 from minidist.labs.sandbox_checks import check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
+from minidist.labs.tensor_checks import (
+    check_column_parallel,
+    check_megatron_mlp,
+    check_row_parallel,
+    check_tp_layer_bytes,
+    check_tp_layer_time,
+)
 from minidist.labs.topology_checks import (
     check_flows_per_nic,
     check_hierarchical_all_reduce,

@@ -1,0 +1,136 @@
+"""Lab 09 checks accept the right answers and reject the usual mistakes with the intended hint."""
+
+import math
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.labs.check import CheckFailed
+from minidist.labs.tensor_checks import (
+    check_column_parallel,
+    check_megatron_mlp,
+    check_row_parallel,
+    check_tp_layer_bytes,
+    check_tp_layer_time,
+    gelu,
+)
+
+
+def _block(n, p, r):
+    k = n // p
+    return slice(r * k, (r + 1) * k)
+
+
+def column_ok(x, w, b):
+    c = _block(w.shape[1], md.dist.get_world_size(), md.dist.get_rank())
+    return x @ w[:, c] + b[c]
+
+
+def column_dense(x, w, b):
+    return x @ w + b
+
+
+def column_no_bias(x, w, b):
+    c = _block(w.shape[1], md.dist.get_world_size(), md.dist.get_rank())
+    return x @ w[:, c]
+
+
+def column_gathers(x, w, b):
+    y = column_ok(x, w, b)
+    out = np.empty((md.dist.get_world_size(),) + y.shape)
+    md.dist.all_gather_into_tensor(out, np.ascontiguousarray(y))
+    return y
+
+
+def row_ok(xb, w, b):
+    rows = _block(w.shape[0], md.dist.get_world_size(), md.dist.get_rank())
+    y = xb @ w[rows]
+    md.dist.all_reduce(y)
+    return y + b
+
+
+def row_bias_everywhere(xb, w, b):
+    rows = _block(w.shape[0], md.dist.get_world_size(), md.dist.get_rank())
+    y = xb @ w[rows] + b
+    md.dist.all_reduce(y)
+    return y
+
+
+def row_no_reduce(xb, w, b):
+    rows = _block(w.shape[0], md.dist.get_world_size(), md.dist.get_rank())
+    return xb @ w[rows] + b
+
+
+def row_two_reduces(xb, w, b):
+    y = row_ok(xb, w, b)
+    md.dist.all_reduce(np.zeros(1))
+    return y
+
+
+def mlp_ok(x, w1, b1, w2, b2):
+    h = gelu(column_ok(x, w1, b1))
+    return row_ok(h, w2, b2)
+
+
+def mlp_gathered(x, w1, b1, w2, b2):  # right numbers, an extra all-gather of the hidden activations
+    p = md.dist.get_world_size()
+    h = gelu(column_ok(x, w1, b1))
+    full = np.empty((p,) + h.shape)
+    md.dist.all_gather_into_tensor(full, np.ascontiguousarray(h))
+    hidden = np.concatenate(list(full), axis=1)
+    rows = _block(w2.shape[0], p, md.dist.get_rank())
+    return row_ok(hidden[:, rows], w2, b2)
+
+
+def mlp_bias_everywhere(x, w1, b1, w2, b2):
+    return row_bias_everywhere(gelu(column_ok(x, w1, b1)), w2, b2)
+
+
+def test_column_parallel(capsys):
+    check_column_parallel(column_ok)
+    assert capsys.readouterr().out.startswith("ok: column_parallel_linear")
+    for wrong, hint in [(column_dense, "that is the dense layer"), (column_no_bias, "forgot the bias"),
+                        (column_gathers, "no communication is needed")]:
+        with pytest.raises(CheckFailed, match=hint):
+            check_column_parallel(wrong)
+
+
+def test_row_parallel(capsys):
+    check_row_parallel(row_ok)
+    assert capsys.readouterr().out.startswith("ok: row_parallel_linear")
+    for wrong, hint in [(row_bias_everywhere, "add b once, after the all-reduce"),
+                        (row_no_reduce, "only its partial sum"), (row_two_reduces, "number of all-reduces")]:
+        with pytest.raises(CheckFailed, match=hint):
+            check_row_parallel(wrong)
+
+
+def test_megatron_mlp(capsys):
+    check_megatron_mlp(mlp_ok)
+    assert capsys.readouterr().out.startswith("ok: megatron_mlp")
+    with pytest.raises(CheckFailed, match="need not be gathered"):
+        check_megatron_mlp(mlp_gathered)
+    with pytest.raises(CheckFailed, match="second bias was added on every rank"):
+        check_megatron_mlp(mlp_bias_everywhere)
+
+
+def test_not_done_yet():
+    def todo(x, w, b):
+        raise NotImplementedError
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        check_column_parallel(todo)
+
+
+def test_layer_formulas(capsys):
+    check_tp_layer_bytes(lambda b, s, h, t, d: 4 * 2 * (t - 1) / t * b * s * h * d)
+    check_tp_layer_time(lambda b, s, h, t, a, beta, d: 4 * (2 * (t - 1) * a + 2 * (t - 1) / t * b * s * h * d / beta))
+    assert capsys.readouterr().out.count("ok:") == 2
+    # the formula agrees with md.estimate's closed form
+    assert math.isclose(4 * 2 * 7 / 8 * 4096 * 8192 * 2, md.estimate.tp_comm_bytes(1, 4096, 8192, 1, 8))
+    with pytest.raises(CheckFailed, match="forward only"):
+        check_tp_layer_bytes(lambda b, s, h, t, d: 2 * 2 * (t - 1) / t * b * s * h * d)
+    with pytest.raises(CheckFailed, match="not n or 2n"):
+        check_tp_layer_bytes(lambda b, s, h, t, d: 4 * b * s * h * d)
+    with pytest.raises(CheckFailed, match="left out the latency"):
+        check_tp_layer_time(lambda b, s, h, t, a, beta, d: 4 * 2 * (t - 1) / t * b * s * h * d / beta)
