@@ -13,6 +13,7 @@ from minidist.labs.economics_checks import (
     check_run_estimate,
     check_sandbox_mfu,
 )
+from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
 from minidist.labs.ring_checks import check_collective_times, check_ring_all_reduce, check_ring_tree_crossover
 from minidist.labs.roofline_checks import (
     check_accumulation_steps,

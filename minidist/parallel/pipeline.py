@@ -319,3 +319,35 @@ class PipelineExecutor:
     def zero_grad(self) -> None:
         for _, p in self.named:
             p.grad = None
+
+
+def measure_schedule(schedule: Schedule, config=None, unit_costs: dict | None = None, cluster=None,
+                     rows: int = 1, seed: int = 0):
+    """Execute one step of ``schedule`` on ``schedule.stages`` simulated ranks; returns the launch result.
+
+    The model is ``config`` (default: a tiny float64 GPT with 8 blocks) cut evenly into the schedule's
+    virtual stages; each micro-batch has ``rows`` sequences of the toy corpus. ``unit_costs`` (e.g.
+    ``{"F": 1e-3, "I": 1e-3, "W": 1e-3}``) charges fixed seconds per action instead of the roofline,
+    and ``cluster`` sets the links (default: free links, so only the schedule shapes the timeline).
+    The result's ``trace`` has the ``pipeline`` events; ``memory[r].peak["activations"]`` the ledger.
+    """
+    from minidist.data import get_batch, load_tokens
+    from minidist.hardware.cluster import Cluster
+    from minidist.nn import GPT, GPTConfig
+    from minidist.runtime import launch
+
+    cfg = config or GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=8, n_heads=2, dtype="float64")
+    p, m, v = schedule.stages, schedule.microbatches, schedule.virtual
+    layout = stage_layout(cfg.n_layers, p, v)
+    tokens, _ = load_tokens(2_000, seed=0)
+    x, y = get_batch(tokens, rows * m, cfg.seq_len, np.random.default_rng(seed))
+    xs, ys = [x[i * rows:(i + 1) * rows] for i in range(m)], [y[i * rows:(i + 1) * rows] for i in range(m)]
+
+    def rank():
+        from minidist import dist
+
+        ex = PipelineExecutor(GPT(cfg, seed=seed), list(range(p)), dist.get_rank(), layout, unit_costs=unit_costs,
+                              ledger=dist.memory())
+        return ex.run(schedule, xs, ys, [1 / m] * m)
+
+    return launch(rank, world_size=p, cluster=cluster or Cluster.uniform(alpha=0.0, beta=float("inf")))

@@ -1,0 +1,75 @@
+"""Lab 10 checks accept the right answers and reject the usual wrong ones with the intended hint."""
+
+import pytest
+
+import minidist as md
+from minidist.labs import CheckFailed
+
+
+def bubble(p, m, v=1):
+    return (p - 1) / (m * v + p - 1)
+
+
+def one_f_one_b(p, m):
+    rows = []
+    for s in range(p):
+        w = min(p - s - 1, m)
+        row = [f"F{i}" for i in range(w)]
+        for i in range(m - w):
+            row += [f"F{w + i}", f"B{i}"]
+        rows.append(row + [f"B{i}" for i in range(m - w, m)])
+    return rows
+
+
+def book(shift):
+    def actions(p, m):
+        rows = []
+        for s in range(p):
+            w = min(s + shift, m)
+            row = [f"F{i}" for i in range(w)]
+            for i in range(m - w):
+                row += [f"F{w + i}", f"B{i}"]
+            rows.append(row + [f"B{i}" for i in range(m - w, m)])
+        return rows
+    return actions
+
+
+def test_right_answers_pass(capsys):
+    md.labs.check_bubble(bubble)
+    md.labs.check_1f1b_actions(one_f_one_b)
+    out = capsys.readouterr().out
+    assert out.count("ok:") == 2
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda p, m, v=1: (p - 1) / (m * v), "bubble / useful work"),
+    (lambda p, m, v=1: (p - 1) / p, "single-batch pipeline"),
+    (lambda p, m, v=1: (p - 1) / (m + p - 1), "the fill shrinks by v"),
+])
+def test_bubble_rejects_typical_mistakes(wrong, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        md.labs.check_bubble(wrong)
+
+
+@pytest.mark.parametrize("shift, name", [(0, "s"), (1, r"s \+ 1")])
+def test_books_warmup_is_diagnosed(shift, name):
+    with pytest.raises(CheckFailed, match=rf"deadlocks(.|\n)*warms up with {name} forwards, as in the book"):
+        md.labs.check_1f1b_actions(book(shift))
+
+
+def test_gpipe_order_is_not_1f1b():
+    def gpipe(p, m):
+        return [[f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)] for _ in range(p)]
+    with pytest.raises(CheckFailed, match="holds 4 micro-batches at once(.|\n)*all forwards first is GPipe"):
+        md.labs.check_1f1b_actions(gpipe)
+
+
+def test_malformed_and_unfinished_answers():
+    with pytest.raises(CheckFailed, match="not done yet"):
+        md.labs.check_1f1b_actions(lambda p, m: (_ for _ in ()).throw(NotImplementedError))
+    with pytest.raises(CheckFailed, match="one list per stage"):
+        md.labs.check_1f1b_actions(lambda p, m: [["F0", "B0"]])
+    with pytest.raises(CheckFailed, match="only forwards and backwards"):
+        md.labs.check_1f1b_actions(lambda p, m: [["F0", "W0"]] * p)
+    with pytest.raises(CheckFailed, match="never runs B0"):
+        md.labs.check_1f1b_actions(lambda p, m: [[f"F{i}" for i in range(m)]] * p)
