@@ -292,3 +292,9 @@ def test_weights_after_adamw_steps_equal_single_device(sp):
         # atol: the key bias has a zero gradient (softmax ignores a per-query shift) made of rounding
         # noise that AdamW's normalisation turns into ~1e-13 moves
         np.testing.assert_allclose(weights[name], p.data, rtol=RTOL, atol=1e-12, err_msg=name)
+
+
+def test_mixture_of_experts_is_refused():
+    cfg = config(n_experts=4, top_k=1)
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        tensor_parallelize(md.GPT(cfg, seed=0), TPGroup(None, size=2, rank=0))

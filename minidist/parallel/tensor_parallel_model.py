@@ -185,6 +185,9 @@ def tensor_parallelize(model: GPT, tp: TPGroup) -> TensorParallelGPT:
     """
     if not isinstance(model, GPT) or isinstance(model, TensorParallelGPT):
         raise TypeError(f"tensor_parallelize: expected a dense GPT, got {type(model).__name__}")
+    if getattr(model.config, "n_experts", 0):
+        raise ValueError(f"tensor_parallelize: mixture-of-experts blocks (n_experts={model.config.n_experts}) are "
+                         f"not split by tensor parallelism here; use expert parallelism")
     check_divisible(model.config, tp.size, tp.sequence_parallel)
     sp = tp.sequence_parallel
     new = adopt(TensorParallelGPT, model, tp=tp)
