@@ -92,10 +92,11 @@ class LocalRouting:
         """(all ranks' (k, E) counts stacked (R, k, E), this rank's index)."""
         return counts[None], 0
 
-    def run_experts(self, moe: MoE, xs, kept_per_expert: np.ndarray):
-        """Expert outputs for ``xs``: the kept assignments' token rows, grouped by expert."""
+    def run_experts(self, moe: MoE, xs, kept: np.ndarray, me: int):
+        """Expert outputs for ``xs``, the kept assignments' token rows grouped by expert; ``kept`` (R, E)
+        holds every rank's kept assignments per expert (this rank is row ``me``). None if ``xs`` is empty."""
         outs, lo = [], 0
-        for e, n in enumerate(kept_per_expert):
+        for e, n in enumerate(kept[me]):
             if n:
                 outs.append(moe.experts[e](xs[lo:lo + n]))
             lo += n
@@ -160,7 +161,7 @@ class MoE(Module):
         sel = np.nonzero(flat_keep)[0]
         order = sel[np.argsort(flat_e[sel], kind="stable")]
         per_expert = np.bincount(flat_e[sel], minlength=E)
-        rows = self.routing.run_experts(self, xf[order // k], per_expert) if len(order) else None
+        rows = self.routing.run_experts(self, xf[order // k], kept_table.sum(axis=1), me)
         slot = np.full(N * k, len(order))  # the dropped read a row of zeros
         slot[order] = np.arange(len(order))
         zero = _const(np.zeros((1, shape[-1]), dtype=xf.dtype))
