@@ -159,3 +159,11 @@ def test_clear_errors():
                                              tie_embeddings=True)), [0, 1], 0, [(0, 1), (1, 2)])
     with pytest.raises(ValueError, match="ZeRO, FSDP"):
         train(CFG, ParallelConfig(pp=2, dp=2, zero_stage=1))
+
+
+def test_each_stage_holds_only_its_layers_on_the_ledger():
+    res = train(CFG, ParallelConfig(pp=4, microbatches=4), steps=1, global_batch=BATCH)
+    per_rank = [m["params"] for m in res.memory]
+    assert sum(per_rank) == pytest.approx(8 * sum(p.size for p in res.params.values()))  # float64: 8 bytes each
+    block = 8 * sum(p.size for n, p in res.params.items() if n.startswith("blocks.0."))
+    assert all(b >= 2 * block for b in per_rank) and max(per_rank) < 0.5 * sum(per_rank)
