@@ -37,6 +37,9 @@ def check_pipeline(model_config, pc) -> None:
     if model_config.tie_embeddings:
         raise ValueError("parallel.train: tie_embeddings=True puts one matrix on the first and the last pipeline "
                          "stage; untie it for pp > 1")
+    if getattr(model_config, "n_experts", 0):
+        raise ValueError("parallel.train: pp > 1 with a mixture-of-experts model is not implemented yet (the "
+                         "pipeline's last stage computes the plain cross-entropy, without the router's losses)")
     build_schedule(pc, model_config.n_layers)
 
 
