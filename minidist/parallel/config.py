@@ -5,7 +5,9 @@ parallelism (``dp``), ZeRO stages 1-3 (``zero_stage``), FSDP (``fsdp``), gradien
 (``microbatches``), activation recomputation (``recompute``) and offloading (``offload``). The
 other axes (``tp``, ``pp``, ``cp``, ``ep``) are already fields, so code and labs can name them, but
 a size above one raises until their issue lands. Tensor parallelism (``tp``, issue 7) has landed:
-``sequence_parallel=True`` adds Megatron's sequence parallelism to it.
+``sequence_parallel=True`` adds Megatron's sequence parallelism to it. Context parallelism (``cp``,
+with ``cp_method`` "ring" or "ulysses" and ``cp_layout`` "zigzag" or "contiguous") and expert
+parallelism (``ep``, for GPTs with ``n_experts``) landed with issue 9 (``cp_ep_train.py``).
 
 ``recompute``: ``None`` keeps every activation; ``"full"`` keeps only each layer's input (a
 checkpoint per layer); an int ``k`` keeps one input per segment of ``k`` layers, so a backward holds
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_LATER = {"cp": 9, "ep": 10}
+_LATER: dict[str, int] = {}
 OFFLOAD = (None, "optimizer", "optimizer+params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1")
 
@@ -44,6 +46,8 @@ class ParallelConfig:
     virtual_stages: int = 1  # pipeline chunks per pp rank (schedule="interleaved")
     pp_balance: str = "even"  # pipeline stage cut: "even" (blocks) or "measured" (FLOPs of each block)
     sequence_parallel: bool = False  # with tp: norms/dropout on sequence shards, AG/RS instead of all-reduce
+    cp_method: str = "ring"  # context parallelism: "ring" attention or "ulysses" all-to-all
+    cp_layout: str = "zigzag"  # how positions are dealt to cp ranks: "zigzag" (balanced causal work) or "contiguous"
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "microbatches"):

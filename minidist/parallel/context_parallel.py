@@ -340,21 +340,23 @@ def _attention_forward(attn, cp: CPGroup, method: str):
 def context_parallelize(model, cp: CPGroup, method: str = "ring"):
     """Make every attention layer of ``model`` (a GPT) attend across the cp group; returns the model.
 
-    The weights are untouched (context parallelism replicates them); feed the model this rank's
-    positions with :func:`forward`.
+    The weights are untouched (context parallelism replicates them). The position embedding is
+    re-indexed so that row i of the local sequence gets the embedding of ``cp.positions(T)[i]``:
+    the model then runs unchanged on ``cp.shard(idx)`` (see :func:`forward`).
     """
     if method not in METHODS:
         raise ValueError(f"context_parallelize: method must be one of {METHODS}, got {method!r}")
     for block in model.blocks:
         object.__setattr__(block.attn, "forward", _attention_forward(block.attn, cp, method))
+    wpe, lookup = model.wpe, type(model.wpe).forward
+
+    def local_positions(ids):  # the model asks for rows 0..t-1 of its local sequence
+        ids = np.asarray(ids)
+        return lookup(wpe, cp.positions(ids.size * cp.size)[ids])
+
+    object.__setattr__(wpe, "forward", local_positions)
     object.__setattr__(model, "cp_group", cp)
     return model
-
-
-def embed(model, idx: np.ndarray, cp: CPGroup):
-    """Token plus position embeddings of this rank's positions (``idx`` is already this rank's shard)."""
-    T = idx.shape[1] * cp.size
-    return model.drop(model.wte(idx) + model.wpe(cp.positions(T)))
 
 
 def forward(model, idx: np.ndarray, targets: np.ndarray | None, cp: CPGroup):
@@ -364,12 +366,6 @@ def forward(model, idx: np.ndarray, targets: np.ndarray | None, cp: CPGroup):
     the local tokens; every rank holds the same number, so the global loss is the mean over the
     group and the weight gradients are the group's average (an all-reduce, like data parallelism).
     """
-    idx = np.asarray(idx)
-    x = embed(model, idx, cp)
-    for block in model.blocks:
-        x = block(x)
-    logits = model.lm_head(model.ln_f(x))
-    if targets is None:
-        return logits, None
-    B, t = idx.shape
-    return logits, F.cross_entropy(logits.reshape(B * t, -1), np.asarray(targets).reshape(B * t))
+    if getattr(model, "cp_group", None) is not cp:
+        raise ValueError("context parallel forward: call context_parallelize(model, cp) first")
+    return model(idx, targets)  # attention and the position embedding already see the whole sequence

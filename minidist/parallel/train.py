@@ -88,9 +88,17 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
         tpg = TPGroup(grid.group("tp"), pc.tp, grid.index("tp"), pc.sequence_parallel, pc.algorithm)
         model = tensor_parallelize(model, tpg)
         tp_axes = shard_axes(model)
+    plan = None
+    if pc.cp > 1 or pc.ep > 1 or model_config.n_experts:  # tokens split over dp x ep x cp (issue 9)
+        from minidist.parallel.cp_ep_train import TokenPlan
+
+        plan = TokenPlan(model, grid, pc)
+        group, dp, dp_rank = plan.group, plan.size, plan.index
     named = list(model.named_parameters())
     sb = state_bytes_per_param(model_config.dtype, optimizer)
-    if pc.shards_params:
+    if plan is not None and plan.has_experts:
+        strat = plan.reducer(named, pc.bucket_bytes)
+    elif pc.shards_params:
         strat = ShardedModel(model, group, dp, dp_rank, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm)
     elif pc.zero_stage in (1, 2):
         strat = ZeroOptimizer(pc.zero_stage, named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
@@ -110,14 +118,18 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     runner = Runner(model, pc, acts, strat if pc.shards_params else None)
 
     rng = np.random.default_rng([seed, 2])
-    rows = split_sizes(global_batch, dp)
-    lo = sum(rows[:dp_rank])
-    mb_rows = split_sizes(rows[dp_rank], pc.microbatches)
+    parts, part = (plan.batch_parts, plan.batch_index) if plan is not None else (dp, dp_rank)
+    share = plan.loss_share if plan is not None else 1.0  # cp ranks hold 1/cp of each sequence
+    rows = split_sizes(global_batch, parts)
+    lo = sum(rows[:part])
+    mb_rows = split_sizes(rows[part], pc.microbatches)
     losses, windows = [], []
     grads = None
     for step in range(steps):
         x, y = get_batch(tokens, global_batch, model_config.seq_len, rng)
-        x, y = x[lo:lo + rows[dp_rank]], y[lo:lo + rows[dp_rank]]
+        x, y = x[lo:lo + rows[part]], y[lo:lo + rows[part]]
+        if plan is not None:
+            x, y = plan.shard(x), plan.shard(y)
         t0 = dist.now()
         local, start = 0.0, 0
         for i, n in enumerate(mb_rows):
@@ -125,10 +137,10 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
             quiet = strat.no_sync() if (not last and strat.accumulates_locally) else nullcontext()
             with quiet:
                 loss = runner.loss(x[start:start + n], y[start:start + n])
-                runner.backward(loss, n / global_batch)
+                runner.backward(loss, n / global_batch * share)
             if last or not strat.accumulates_locally:
                 strat.finish()
-            local += float(loss.data) * n / global_batch
+            local += float(loss.data) * n / global_batch * share
             start += n
         if step == steps - 1:
             grads = strat.grad_state()
@@ -188,6 +200,13 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         from minidist.parallel.tensor_parallel_model import check_divisible
 
         check_divisible(cfg, pc.tp, pc.sequence_parallel)
+    if pc.cp > 1 or pc.ep > 1 or cfg.n_experts:
+        from minidist.parallel.cp_ep_train import check_layout
+
+        check_layout(cfg, pc)
+        if global_batch < pc.dp * pc.ep * pc.microbatches:
+            raise ValueError(f"parallel.train: global_batch={global_batch} cannot give every one of dp x ep = "
+                             f"{pc.dp * pc.ep} ranks {pc.microbatches} micro-batch(es) of at least one sequence")
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
     if tokens.max() >= cfg.vocab_size:
         raise ValueError(f"parallel.train: the data holds token id {int(tokens.max())} but vocab_size is "

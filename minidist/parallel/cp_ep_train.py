@@ -1,0 +1,151 @@
+"""Context and expert parallelism inside ``md.parallel.train`` (issue 9; labs 11, 12, 16).
+
+Both axes split the *tokens* of a step, like data parallelism: ``ep`` ranks take different
+sequences, ``cp`` ranks different positions of the same sequences. So the ranks that differ only in
+dp, ep and cp form one **data group**: every weight replicated over it has its gradient summed over
+it, and every loss is scaled by the rank's share of the global batch (its rows over the global
+batch, and 1/cp for its positions). Two exceptions:
+
+* an expert's weights live only on the ranks with the same ep coordinate; their gradients are
+  summed over those ranks (dp x cp), the **expert group**;
+* MoE routing counts are all-gathered over the whole data group, so capacity drops and the
+  load-balancing loss are those of the global batch, exactly as on one device.
+
+Both reducers of an MoE model launch their all-reduces when the backward is over, in a fixed
+order: an expert that received no token produces no gradient on one rank and one on another, and
+hook-driven launches would then run the same group's collectives in different orders. (The
+dense parameters of models without experts keep DDP's overlapped buckets.)
+
+:class:`TokenPlan` is what the trainer asks: the data group, which rows and positions this rank
+takes, the loss share, and the gradient reducer.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+
+from minidist.autograd import functional as F
+from minidist.parallel.context_parallel import LAYOUTS, METHODS, CPGroup, context_parallelize
+from minidist.parallel.expert_parallel import EPGroup, expert_parallelize, is_expert_param
+
+
+def check_layout(cfg, pc) -> None:
+    """Refuse layouts this integration does not support, before any rank starts."""
+    if pc.cp_method not in METHODS:
+        raise ValueError(f"parallel.train: cp_method must be one of {METHODS}, got {pc.cp_method!r}")
+    if pc.cp_layout not in LAYOUTS:
+        raise ValueError(f"parallel.train: cp_layout must be one of {LAYOUTS}, got {pc.cp_layout!r}")
+    if (pc.cp > 1 or pc.ep > 1 or cfg.n_experts) and (pc.tp > 1 or pc.pp > 1 or pc.sequence_parallel):
+        raise ValueError("parallel.train: cp, ep and mixture-of-experts models do not compose with tp, "
+                         f"sequence_parallel or pp yet; got cp={pc.cp}, ep={pc.ep}, n_experts={cfg.n_experts}, "
+                         f"tp={pc.tp}, pp={pc.pp}")
+    if pc.cp > 1:
+        pieces = pc.cp * (2 if pc.cp_layout == "zigzag" else 1)
+        if cfg.seq_len % pieces:
+            raise ValueError(f"parallel.train: seq_len={cfg.seq_len} must split into {pieces} equal chunks "
+                             f"(cp={pc.cp}, cp_layout={pc.cp_layout!r})")
+        if pc.cp_method == "ulysses" and cfg.n_heads % pc.cp:
+            raise ValueError(f"parallel.train: Ulysses needs n_heads ({cfg.n_heads}) divisible by cp={pc.cp}")
+    if pc.ep > 1:
+        if not cfg.n_experts:
+            raise ValueError(f"parallel.train: ep={pc.ep} needs a mixture-of-experts model (GPTConfig(n_experts=...))")
+        if cfg.n_experts % pc.ep:
+            raise ValueError(f"parallel.train: {cfg.n_experts} experts cannot be split evenly over ep={pc.ep}")
+    if cfg.n_experts and pc.cp > 1 and cfg.capacity_factor is not None:
+        # capacity serves a rank's tokens before the next rank's; cp ranks hold interleaved pieces of
+        # the same sequences, so the dropped set would differ from one device's
+        raise ValueError("parallel.train: capacity dropping with cp > 1 would depend on the layout; "
+                         "use capacity_factor=None with context parallelism")
+    if cfg.n_experts and (pc.zero_stage or pc.fsdp):
+        raise ValueError("parallel.train: mixture-of-experts models train with zero_stage=0 (replicated or "
+                         f"expert-parallel weights); got zero_stage={pc.zero_stage}, fsdp={pc.fsdp}")
+
+
+def _ranks_matching(grid, axes: tuple[str, ...]) -> list[int]:
+    """Global ranks that share this rank's coordinates on ``axes``."""
+    me = grid.coords()
+    return [r for r in range(grid.world_size) if all(grid.coords(r)[a] == me[a] for a in axes)]
+
+
+class TokenPlan:
+    """How this rank takes part in a step when tokens are split over dp x ep x cp (see the module docstring)."""
+
+    def __init__(self, model, grid, pc) -> None:
+        from minidist import dist
+
+        self.pc = pc
+        data = _ranks_matching(grid, ("pp", "tp"))
+        self.group = dist.new_group(data)
+        self.size, self.index = len(data), data.index(grid.rank)
+        c = grid.coords()
+        self.batch_parts, self.batch_index = pc.dp * pc.ep, c["dp"] * pc.ep + c["ep"]
+        self.loss_share = 1.0 / pc.cp
+        self.cp = None
+        if pc.cp > 1:
+            self.cp = CPGroup.of(grid.group("cp"), pc.cp_layout, pc.algorithm)
+            context_parallelize(model, self.cp, pc.cp_method)
+        self.has_experts = bool(model.config.n_experts)
+        if self.has_experts:
+            ep = EPGroup.of(grid.group("ep"), self.group if self.size > 1 else None, pc.algorithm)
+            expert_parallelize(model, ep)
+            experts = _ranks_matching(grid, ("pp", "tp", "ep"))
+            self.expert_group = dist.new_group(experts)
+            self.expert_size, self.expert_index = len(experts), experts.index(grid.rank)
+            criterion = getattr(model, "criterion", F.cross_entropy)
+            from minidist.nn.moe import aux_loss
+
+            # the runner's head calls model.criterion: add the routers' losses to the cross-entropy
+            object.__setattr__(model, "criterion", lambda logits, t: criterion(logits, t) + aux_loss(model))
+
+    def shard(self, x: np.ndarray) -> np.ndarray:
+        """This rank's positions of a (rows, T) batch."""
+        return x if self.cp is None else self.cp.shard(x)
+
+    def reducer(self, named: list, bucket_bytes: float):
+        """The gradient reducer of an MoE model: dense weights over the data group, experts over theirs."""
+        return ExpertDataParallel(named, bucket_bytes, self, self.pc.algorithm)
+
+
+class ExpertDataParallel:
+    """DDP with two reducers (dense over the data group, experts over the expert group), both launched
+    at the end of the backward; the same interface as :class:`DataParallel`."""
+
+    accumulates_locally = True
+
+    def __init__(self, named: list, bucket_bytes: float, plan: TokenPlan, algorithm: str | None) -> None:
+        from minidist.parallel.data_parallel import DataParallel
+
+        dense = [(n, p) for n, p in named if not is_expert_param(n)]
+        experts = [(n, p) for n, p in named if is_expert_param(n)]
+        self.parts = [DataParallel(dense, bucket_bytes, plan.group, plan.size, plan.index, algorithm)]
+        if experts:
+            self.parts.append(DataParallel(experts, bucket_bytes, plan.expert_group, plan.expert_size,
+                                           plan.expert_index, algorithm))
+        for part in self.parts:
+            part.sync = False  # no hook-driven launches: finish() reduces every bucket in order
+
+    def setup(self, ledger, state_bytes: dict) -> None:
+        for part in self.parts:
+            part.setup(ledger, state_bytes)
+
+    @contextmanager
+    def no_sync(self):
+        yield  # the parts never reduce during a backward anyway
+
+    def finish(self) -> None:
+        for part in self.parts:
+            part.finish()
+
+    def pieces(self) -> list:
+        return [piece for part in self.parts for piece in part.pieces()]
+
+    def after_step(self, model) -> None:
+        model.zero_grad()
+
+    def grad_state(self) -> dict:
+        return {"full": {k: v for part in self.parts for k, v in part.grad_state()["full"].items()}}
+
+    def param_state(self) -> dict:
+        return {"full": {k: v for part in self.parts for k, v in part.param_state()["full"].items()}}
