@@ -11,6 +11,11 @@ Tensor parallelism (issue 7): ``tensor_parallel`` (TPGroup, the conjugate f/g op
 sequence-parallel halves, column/row-parallel linears), ``sequence_parallel`` (norms, dropout and
 positions on sequence shards), ``vocab_parallel`` (embedding, head, cross-entropy split by
 vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(GPT)``).
+
+Context and expert parallelism (issue 9): ``online_softmax`` (the (m, s, o) state, its associative
+merge, blockwise attention), ``context_parallel`` (ring attention, zigzag layout, Ulysses),
+``expert_parallel`` (count exchange, all-to-all dispatch and combine), ``cp_ep_train`` (both inside
+``train``).
 """
 
 from minidist.parallel.config import ParallelConfig
@@ -24,7 +29,14 @@ from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelL
 from minidist.parallel.tensor_parallel_model import tensor_parallelize
 from minidist.parallel.vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
+# isort: split
+from minidist.parallel.context_parallel import CPGroup, context_parallelize, ring_attention, ulysses_attention
+from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
+from minidist.parallel.online_softmax import blockwise_attention
+
 __all__ = ["FlatUnit", "ParallelConfig", "ParallelGrid", "TrainResult", "graph_bytes", "split_sizes",
            "state_bytes_per_param", "train"]
 __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParallelEmbedding", "tensor_parallelize",
             "vocab_parallel_cross_entropy"]
+__all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", "expert_parallelize",
+            "ring_attention", "ulysses_attention"]
