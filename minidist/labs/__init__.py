@@ -36,5 +36,6 @@ from minidist.labs.topology_checks import (
     check_hierarchical_all_reduce,
     check_two_level_times,
 )
+from minidist.labs.zero_checks import check_min_gpus, check_model_state_bytes, check_zero_comm_bytes
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]
