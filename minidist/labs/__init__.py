@@ -21,12 +21,6 @@ from minidist.labs.expert_checks import (
     check_dispatch_splits,
     check_top_k_routing,
 )
-from minidist.labs.expert_checks import (
-    check_aux_loss,
-    check_capacity_keep,
-    check_dispatch_splits,
-    check_top_k_routing,
-)
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
 from minidist.labs.recompute_checks import check_best_interval, check_checkpointed_bytes, check_overlap_tokens
 from minidist.labs.ring_checks import check_collective_times, check_ring_all_reduce, check_ring_tree_crossover
