@@ -108,7 +108,6 @@ def test_without_loss_scaling_the_gradient_would_be_wrong(oracle):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(tp=2, pp=2), r"tp=2 with pp=2 is not supported yet"),
     (dict(pp=2, virtual_stages=2), r"virtual_stages=2 needs schedule='interleaved'"),
     (dict(zero_stage=4), "zero_stage"),
     (dict(fsdp=True, zero_stage=2), "fsdp"),

@@ -73,5 +73,3 @@ def test_sequence_parallel_holds_less_activation_memory():
 def test_train_refuses_sizes_tp_does_not_divide():
     with pytest.raises(ValueError, match=r"tp=4 must divide .*vocab_size=50"):
         train(md.GPTConfig(vocab_size=50, seq_len=8, d_model=16, n_layers=1, n_heads=4), ParallelConfig(tp=4))
-    with pytest.raises(ValueError, match="tp=2 with pp=2 is not supported yet"):
-        ParallelConfig(tp=2, pp=2)

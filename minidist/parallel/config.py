@@ -84,9 +84,6 @@ class ParallelConfig:
                              f"got {self.schedule!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"ParallelConfig: sequence_parallel must be True or False, got {self.sequence_parallel!r}")
-        if self.tp > 1 and self.pp > 1:
-            raise ValueError(f"ParallelConfig: tp={self.tp} with pp={self.pp} is not supported yet (the pipeline "
-                             f"stages build dense layers)")
         if self.pp_balance not in ("even", "measured"):
             raise ValueError(f"ParallelConfig: pp_balance must be 'even' or 'measured', got {self.pp_balance!r}")
         if not isinstance(self.prefetch, int) or self.prefetch < 0:

@@ -17,6 +17,10 @@ action is recorded as a ``pipeline`` event in the trace (name ``F3``, ``B3.1``, 
 chart, and its activations are held on the memory ledger from the forward until the backward (for
 ``I``, until the ``W`` pass, minus what ``I`` let go). ``unit_costs`` replaces the roofline charge
 of each action by fixed seconds per stage, the uniform-stage-cost world of the bubble formulas.
+
+The model may be a tensor-parallel GPT (``tensor_parallelize``): the chunks then run their blocks'
+collectives over the model's tp group, ``ranks`` is the pipeline of this rank's tp index, and with
+sequence parallelism the activations and gradients between stages are (B, T/t, d) sequence shards.
 """
 
 from __future__ import annotations
@@ -147,7 +151,8 @@ class Chunk:
         if self.last:
             B, T = targets.shape
             logits = m.lm_head(m.ln_f(x))
-            return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+            loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: the vocabulary-parallel loss
+            return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
         return x
 
 
@@ -177,6 +182,8 @@ class PipelineExecutor:
         self.chunks = [Chunk(model, *layout[c * p + stage], first=c * p + stage == 0,
                              last=c * p + stage == self.nvs - 1) for c in range(self.v)]
         self.unit_costs, self.ledger = unit_costs, ledger
+        tp = getattr(model, "tp", None)  # a tensor-parallel GPT: with sequence parallelism stages pass T/t shards
+        self.seq_shards = tp.size if tp is not None and tp.sequence_parallel else 1
         self.store = WeightGradStore()
         self._wrapped = False
         prefixes = [pre for ch in self.chunks for pre in ch.prefixes()]
@@ -186,18 +193,11 @@ class PipelineExecutor:
         return [p for _, p in self.named]
 
     def _split(self) -> None:
-        """Give this stage's Linears a splittable backward (once, on the first I action)."""
+        """Give this stage's Linears (dense or column-parallel) a splittable backward, on the first I action."""
         if not self._wrapped:
-            from minidist.nn.layers import Linear
-
-            seen = set()
             for ch in self.chunks:
-                mods = [ch.model.blocks[i] for i in range(ch.lo, ch.hi)] + ([ch.model.lm_head] if ch.last else [])
-                for mod in mods:
-                    for sub in mod.modules():
-                        if isinstance(sub, Linear) and id(sub) not in seen:
-                            seen.add(id(sub))
-                            self.store.wrap(sub)
+                self.store.split(*[ch.model.blocks[i] for i in range(ch.lo, ch.hi)],
+                                 *([ch.model.lm_head] if ch.last else []))
             self._wrapped = True
 
     # -- messages ------------------------------------------------------------------------------
@@ -232,7 +232,8 @@ class PipelineExecutor:
             vs = a.chunk * self.p + self.stage
             ch = self.chunks[a.chunk]
             prev_r, next_r = self._neighbour(vs)
-            shape = idx[a.mb].shape + (d,)
+            B, T = idx[a.mb].shape
+            shape = (B, T // self.seq_shards, d)
             if a.op == "RECV_F":
                 buf = np.empty(shape, dtype=dtype)
                 dist.recv(buf, prev_r, tag=self._tag(0, a.mb, vs - 1))

@@ -7,6 +7,17 @@ by measured cost). Its parameters form a DDP replica over the ``dp`` axis: the s
 micro-batches with gradient synchronisation off, then the buckets are all-reduced once the
 pipeline has flushed, and every stage applies the optimizer to its own parameters. The step's loss
 is computed on the last stage; the trainer sums the ranks' shares.
+
+With ``tp > 1`` (chapters 15 and 23) each stage is a tensor-parallel group: every rank keeps its
+1/t block of its stage's matrices (``tensor_parallelize``) and the ``pp`` group it sends to is the
+one of its own tp index, so tp rank ``r`` of stage s talks only to tp rank ``r`` of stages s +- 1.
+Without sequence parallelism every tp rank holds the whole (B, T, d) activation after each block's
+all-reduce and sends all of it: the stage boundary carries ``t`` copies of the activation (Megatron's
+scatter/gather optimisation would send 1/t each and all-gather on arrival; not done here). With
+sequence parallelism the activation between blocks is already the rank's (B, T/t, d) sequence shard,
+and that shard is what crosses the boundary, so the boundary carries one activation in all (as in
+Megatron with ``sequence_parallel``). Every schedule runs unchanged, ZB-H1 included: the
+column- and row-parallel matmuls defer their weight gradients to the W pass like a dense Linear.
 """
 
 from __future__ import annotations
@@ -30,10 +41,10 @@ def build_schedule(config, n_layers: int):
 
 def check_pipeline(model_config, pc) -> None:
     """Reject, before any process starts, a pipeline layout this trainer cannot run."""
-    if pc.zero_stage or pc.fsdp or pc.recompute is not None or pc.offload is not None or pc.tp > 1 or pc.cp > 1 \
-            or pc.ep > 1:
-        raise ValueError("parallel.train: pp > 1 composes with dp (plain DDP) for now; ZeRO, FSDP, recompute, "
-                         "offload, tp, cp and ep with pipelining are not implemented yet")
+    if pc.zero_stage or pc.fsdp or pc.recompute is not None or pc.offload is not None or pc.cp > 1 or pc.ep > 1:
+        raise ValueError("parallel.train: pp > 1 composes with dp (plain DDP) and tp (with or without sequence "
+                         "parallelism) for now; ZeRO, FSDP, recompute, offload, cp and ep with pipelining are not "
+                         "implemented yet")
     if model_config.tie_embeddings:
         raise ValueError("parallel.train: tie_embeddings=True puts one matrix on the first and the last pipeline "
                          "stage; untie it for pp > 1")
@@ -72,7 +83,16 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     if balance == "measured":
         x, y = get_batch(tokens, max(mb_rows), model_config.seq_len, np.random.default_rng([seed, 3]))
         costs = layer_costs(model, x, y)
-    layout = stage_layout(model_config.n_layers, pc.pp, v, costs)
+    layout = stage_layout(model_config.n_layers, pc.pp, v, costs)  # cut the dense blocks (tp splits each evenly)
+    num_params = int(sum(p.data.size for _, p in model.named_parameters()))
+    tp_axes = None
+    if pc.tp > 1 or pc.sequence_parallel:  # this rank's tensor-parallel share of every block (issue 7)
+        from minidist.parallel.tensor_parallel import TPGroup
+        from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
+
+        tpg = TPGroup(grid.group("tp"), pc.tp, grid.index("tp"), pc.sequence_parallel, pc.algorithm)
+        model = tensor_parallelize(model, tpg)
+        tp_axes = shard_axes(model)  # of the whole model, so the trainer can merge every stage's blocks
     ex = PipelineExecutor(model, grid.ranks_along("pp"), grid.index("pp"), layout, ledger=ledger)
     strat = DataParallel(ex.named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
     opt = FlatOptimizer(optimizer, **hyper)
@@ -98,5 +118,6 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
         windows.append((t0, dist.now()))
         losses.append(loss)
     return {"losses": losses, "windows": windows, "grads": grads, "params": strat.param_state(), "host": None,
-            "acts": [], "num_params": int(sum(p.data.size for _, p in model.named_parameters())),
-            "layout": layout, "stage": grid.index("pp")}
+            "acts": [], "num_params": num_params,
+            "layout": layout, "stage": grid.index("pp"), "tp_rank": grid.index("tp"), "dp_rank": dp_rank,
+            "tp_axes": tp_axes}

@@ -14,6 +14,12 @@ holds ``X`` and ``dY``; :meth:`WeightGradStore.flush` runs the closures of ``key
 products into ``.grad`` and fires the parameters' post-accumulate hooks as the engine would. Only the
 Linear weights are deferred: norm scales and embeddings (O(d) or a row scatter per token) keep
 their gradient in the ``I`` pass.
+
+Tensor-parallel layers (``tensor_parallel.py``) defer the same way: their fused functions ask
+:func:`weight_grads` for the weight gradients, which computes them at once outside an ``I`` pass and
+files them with the store that is capturing inside one. All their collectives (the input gradient's
+all-reduce or reduce-scatter, the sequence re-gather) stay in the ``I`` pass, so a ``W`` pass is
+local arithmetic only and the ranks of a tensor-parallel group never wait on each other in it.
 """
 
 from __future__ import annotations
@@ -38,20 +44,44 @@ def _accumulate(p: Tensor, g: np.ndarray) -> None:
         hook(p)
 
 
+_capturing: list = []  # the stores whose capture() block is open, innermost last
+
+
+def weight_grads(params, compute, keep) -> tuple:
+    """The weight gradients of ``params``: ``compute()`` now, or inside an ``I`` pass ``None`` for each
+    (the engine accumulates nothing) with ``compute`` filed for the ``W`` pass, which adds its results
+    into the parameters' ``.grad``. ``keep``: the arrays the deferred work holds alive (for the ledger).
+    ``params`` may contain None (a missing bias); ``compute`` returns one gradient per entry."""
+    store = _capturing[-1] if _capturing else None
+    if store is None or store.key is None:
+        return tuple(compute())
+
+    def deferred():
+        for p, g in zip(params, compute()):
+            if p is not None and g is not None:
+                _accumulate(p, g)
+
+    store.pending.setdefault(store.key, []).append((deferred, tuple(keep)))
+    return (None,) * len(params)
+
+
 class WeightGradStore:
     """Deferred weight-gradient work, filed under a key (a micro-batch and chunk) by I passes."""
 
     def __init__(self) -> None:
         self.key = None
         self.pending: dict[object, list] = {}
+        self._wrapped: set[int] = set()
 
     @contextmanager
     def capture(self, key):
         """Backwards run inside this block defer their Linear weight gradients under ``key``."""
         previous, self.key = self.key, key
+        _capturing.append(self)
         try:
             yield self
         finally:
+            _capturing.pop()
             self.key = previous
 
     def stash_bytes(self, key) -> int:
@@ -70,9 +100,22 @@ class WeightGradStore:
         for fn, _ in self.pending.pop(key, ()):
             fn()
 
-    def wrap(self, linear) -> None:
-        """Route ``linear``'s forward through the splittable function (the module is otherwise unchanged)."""
-        store = self
+    def split(self, *modules) -> None:
+        """Give every ``Linear`` inside ``modules`` a splittable backward, and every column-parallel
+        layer's local matmul too (the row-parallel and sequence-gathered column functions of
+        ``tensor_parallel.py`` need no wrapping: they call :func:`weight_grads` themselves)."""
+        from minidist.nn.layers import Linear
+        from minidist.parallel.tensor_parallel import ColumnParallelLinear
+
+        for module in modules:
+            for sub in module.modules():
+                if isinstance(sub, (Linear, ColumnParallelLinear)) and id(sub) not in self._wrapped:
+                    self._wrapped.add(id(sub))
+                    self.wrap(sub, "local" if isinstance(sub, ColumnParallelLinear) else "forward")
+
+    def wrap(self, linear, method: str = "forward") -> None:
+        """Route ``linear``'s ``method`` (``x -> x @ weight + bias``) through the splittable function; the
+        module is otherwise unchanged. A column-parallel layer's ``local`` matmul is wrapped the same way."""
 
         class SplitLinear(Function):
             @staticmethod
@@ -101,7 +144,7 @@ class WeightGradStore:
                 gx = (g2 @ wd.T).reshape(g.shape[:-1] + (k,))
                 gdata = g.data
 
-                def weight_grads():
+                def compute():
                     if _cost._hook is not None:
                         _cost.charge("matmul.backward_weight", 2 * rows * k * n,
                                      g2.nbytes + x2.nbytes + wd.nbytes, g2.dtype)
@@ -109,23 +152,14 @@ class WeightGradStore:
                     gb = unbroadcast(gdata, (n,)) if b is not None else None
                     return gw, gb
 
-                if store.key is None:
-                    gw, gb = weight_grads()
-                    return gx, gw, gb
-
-                def deferred():
-                    gw, gb = weight_grads()
-                    _accumulate(linear.weight, gw)
-                    if gb is not None:
-                        _accumulate(linear.bias, gb)
-
-                store.pending.setdefault(store.key, []).append((deferred, (x2, g2)))
-                return gx, None, None
+                gw, gb = weight_grads((linear.weight, linear.bias), compute, (x2, g2))
+                return gx, gw, gb
 
         def forward(x):
-            if x.shape[-1] != linear.in_features:
-                raise ValueError(f"Linear: input has last dimension {x.shape[-1]}, expected in_features="
-                                 f"{linear.in_features} (input shape {tuple(x.shape)})")
+            k = linear.weight.shape[0]
+            if x.shape[-1] != k:
+                raise ValueError(f"{type(linear).__name__}: input has last dimension {x.shape[-1]}, expected "
+                                 f"in_features={k} (input shape {tuple(x.shape)})")
             return SplitLinear.apply(x, linear.weight, linear.bias)
 
-        object.__setattr__(linear, "forward", forward)
+        object.__setattr__(linear, method, forward)

@@ -22,6 +22,10 @@ the activations between layers are split along the sequence instead of replicate
 all-reduce becomes its two halves: an all-gather where ``f`` was, a reduce-scatter where ``g``
 was (:class:`GatherFromSequenceParallel`, :class:`ReduceScatterToSequenceParallel`).
 
+The fused functions compute their weight gradients through ``split_backward.weight_grads``, so
+inside a zero-bubble pipeline's ``I`` pass (chapter 16) those products wait for the ``W`` pass while
+every collective still happens in ``I``.
+
 Weights are stored ``(in, out)`` as in ``minidist.nn.Linear``; a parallel layer keeps only its
 block and checks on every call that it holds a block of the size its group implies, so it cannot
 run as a dense layer by mistake.
@@ -36,6 +40,7 @@ import numpy as np
 from minidist.autograd import Function, cost
 from minidist.nn.layers import Linear
 from minidist.nn.module import Module, Parameter
+from minidist.parallel.split_backward import weight_grads
 
 
 @dataclass(frozen=True)
@@ -225,16 +230,24 @@ class _GatheredColumns(Function):
         tp, x, wb = ctx.tp, ctx.x, ctx.wb
         total = all_gather_along(x.data, tp, 1)  # the extra all-gather: only the shard was kept
         t2 = total.reshape(-1, total.shape[-1])
-        dx, grads, start = np.zeros_like(total), [], 0
-        for w, b in zip(wb[::2], wb[1::2]):
+        dx, start, blocks = np.zeros_like(total), 0, []
+        for w in wb[::2]:
             n = w.shape[1]
             g = gy.data[..., start:start + n]
+            blocks.append((start, n))
             start += n
-            g2 = g.reshape(-1, n)
             dx += g @ w.data.T
-            grads += [t2.T @ g2, None if b is None else g2.sum(axis=0)]
             _charge_matmul(t2.shape[0], n, w.shape[0], total.dtype)
-            _charge_matmul(w.shape[0], t2.shape[0], n, total.dtype)
+
+        def compute():  # the weight gradients (deferred to the W pass inside a zero-bubble I pass)
+            grads = []
+            for (lo, n), w, b in zip(blocks, wb[::2], wb[1::2]):
+                g2 = gy.data[..., lo:lo + n].reshape(-1, n)
+                grads += [t2.T @ g2, None if b is None else g2.sum(axis=0)]
+                _charge_matmul(w.shape[0], t2.shape[0], n, total.dtype)
+            return grads
+
+        grads = weight_grads(wb, compute, (t2, gy.data))
         return (reduce_scatter_along(dx, tp, 1), None, *grads)
 
 
@@ -257,8 +270,13 @@ class _RowParallelMatmul(Function):
         g = all_gather_along(g.data, tp, 1) if tp.sequence_parallel else g.data
         g2, x2 = g.reshape(-1, g.shape[-1]), x.data.reshape(-1, x.shape[-1])
         _charge_matmul(g2.shape[0], w.shape[1], w.shape[0], g.dtype)
-        _charge_matmul(w.shape[0], g2.shape[0], w.shape[1], g.dtype)
-        return g @ w.data.T, x2.T @ g2, None
+
+        def compute():
+            _charge_matmul(w.shape[0], g2.shape[0], w.shape[1], g.dtype)
+            return (x2.T @ g2,)
+
+        (gw,) = weight_grads((w,), compute, (x2, g2))  # deferred inside a zero-bubble I pass
+        return g @ w.data.T, gw, None
 
 
 # -- the layers ----------------------------------------------------------------------------

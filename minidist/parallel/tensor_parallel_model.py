@@ -248,8 +248,13 @@ def merge_tensor_parallel(out: list[dict], state_fn, replicated: bool):
 
     ``out``: the ranks' reports in rank order (``tp_rank``, ``dp_rank``, ``tp_axes``, ``params``,
     ``grads``); ``state_fn(first, reports)`` assembles one tensor-parallel position's state over dp.
+
+    With pipeline parallelism each report holds one stage's parameters: a tensor-parallel position's
+    state is the union over the stages, and ``tp_axes`` (every report's, merged) covers them all.
     """
-    axes, tp = out[0]["tp_axes"], 1 + max(o["tp_rank"] for o in out)
+    axes, tp = {}, 1 + max(o["tp_rank"] for o in out)
+    for o in out:
+        axes.update(o["tp_axes"])
     by_tp = [[o for o in out if o["tp_rank"] == i] for i in range(tp)]
 
     def merged(key):
@@ -258,5 +263,6 @@ def merge_tensor_parallel(out: list[dict], state_fn, replicated: bool):
     rank_params = None
     if replicated:
         replicas = sorted({o["dp_rank"] for o in out})
-        rank_params = [merge_shards([o["params"]["full"] for o in out if o["dp_rank"] == d], axes) for d in replicas]
+        rank_params = [merge_shards([{k: v for o in g if o["dp_rank"] == d for k, v in o["params"]["full"].items()}
+                                     for g in by_tp], axes) for d in replicas]
     return merged("params"), merged("grads"), rank_params
