@@ -18,14 +18,26 @@ from minidist.parallel.schedules import bubble_fraction, make_schedule, simulate
 from minidist.parallel.split_backward import WeightGradStore
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=8, n_heads=2)
+SMALL = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=2)
 STEPS, BATCH = 2, 16
 RTOL, ATOL = 1e-10, 1e-12
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)]
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    return train(CFG, ParallelConfig(), steps=STEPS, global_batch=BATCH)
+def config_for(pp: int, v: int = 1) -> md.GPTConfig:
+    """The smaller test GPT whenever it has a block for every virtual stage (pp = 2: two blocks per stage;
+    pp = 4: one), the 8-block one for pp = 4 interleaved. Half the blocks: about half the run time."""
+    return SMALL if pp * v <= SMALL.n_layers else CFG
+
+
+_ORACLES: dict = {}
+
+
+def single_device(cfg: md.GPTConfig):
+    """The single-device run of ``cfg`` (computed once per test session)."""
+    if cfg.n_layers not in _ORACLES:
+        _ORACLES[cfg.n_layers] = train(cfg, ParallelConfig(), steps=STEPS, global_batch=BATCH)
+    return _ORACLES[cfg.n_layers]
 
 
 def assert_same(r, ref):
@@ -39,9 +51,10 @@ def assert_same(r, ref):
 @pytest.mark.parametrize("pp", [2, 4])
 @pytest.mark.parametrize("m", [1, 4, 8])
 @pytest.mark.parametrize("schedule, v", SCHEDULES, ids=[s for s, _ in SCHEDULES])
-def test_pipeline_matches_single_device(schedule, v, m, pp, oracle):
+def test_pipeline_matches_single_device(schedule, v, m, pp):
     pc = ParallelConfig(pp=pp, microbatches=m, schedule=schedule, virtual_stages=v)
-    assert_same(train(CFG, pc, steps=STEPS, global_batch=BATCH), oracle)
+    cfg = config_for(pp, v)
+    assert_same(train(cfg, pc, steps=STEPS, global_batch=BATCH), single_device(cfg))
 
 
 def test_measured_balance_and_uneven_micro_batches():
@@ -52,13 +65,14 @@ def test_measured_balance_and_uneven_micro_batches():
 
 
 def run_executor(schedule, p, m, v=1, cluster=None, unit_costs=None, rows=1):
-    """One step of the executor on p ranks; returns the launch result (trace, ledgers)."""
-    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=8, n_heads=2, dtype="float64")
+    """One step of the executor on p ranks, one block per virtual stage; returns the launch result."""
+    n = p * v
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=n, n_heads=2, dtype="float64")
     tokens, _ = md.data.load_tokens(2_000, seed=0)
     x, y = md.data.get_batch(tokens, rows * m, cfg.seq_len, np.random.default_rng(0))
 
     def fn():
-        ex = PipelineExecutor(md.GPT(cfg, seed=0), list(range(p)), md.dist.get_rank(), stage_layout(8, p, v),
+        ex = PipelineExecutor(md.GPT(cfg, seed=0), list(range(p)), md.dist.get_rank(), stage_layout(n, p, v),
                               unit_costs=unit_costs, ledger=md.dist.memory())
         s = make_schedule(schedule, p, m, v)
         return ex.run(s, [x[i * rows:(i + 1) * rows] for i in range(m)], [y[i * rows:(i + 1) * rows] for i in range(m)],

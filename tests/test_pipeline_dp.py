@@ -4,21 +4,17 @@
 import pytest
 
 from minidist.parallel import ParallelConfig, train
-from tests.test_pipeline import BATCH, CFG, SCHEDULES, STEPS, assert_same
-
-
-@pytest.fixture(scope="module")
-def oracle():
-    return train(CFG, ParallelConfig(), steps=STEPS, global_batch=BATCH)
+from tests.test_pipeline import BATCH, SCHEDULES, STEPS, assert_same, config_for, single_device
 
 
 @pytest.mark.parametrize("pp", [2, 4])
 @pytest.mark.parametrize("m", [1, 4, 8])
 @pytest.mark.parametrize("schedule, v", SCHEDULES, ids=[s for s, _ in SCHEDULES])
-def test_pipeline_with_data_parallel_matches_single_device(schedule, v, m, pp, oracle):
+def test_pipeline_with_data_parallel_matches_single_device(schedule, v, m, pp):
     pc = ParallelConfig(pp=pp, dp=2, microbatches=m, schedule=schedule, virtual_stages=v)
-    res = train(CFG, pc, steps=STEPS, global_batch=BATCH)
-    assert_same(res, oracle)
+    cfg = config_for(pp, v)
+    res = train(cfg, pc, steps=STEPS, global_batch=BATCH)
+    assert_same(res, single_device(cfg))
     if m == 4 and schedule == "1f1b":  # the gradient all-reduce stays inside each stage's dp group
         links = [e for e in res.trace if e.stream == "link" and e.nbytes > 0]
         for e in links:

@@ -22,7 +22,7 @@ from minidist.parallel.schedules import bubble_fraction, make_schedule, simulate
 from minidist.parallel.split_backward import WeightGradStore
 from minidist.parallel.tensor_parallel import TPGroup
 from minidist.parallel.tensor_parallel_model import tensor_parallelize
-from tests.test_pipeline import BATCH, CFG, SCHEDULES, STEPS, assert_same
+from tests.test_pipeline import BATCH, SCHEDULES, SMALL, STEPS, assert_same, config_for, single_device
 
 V = dict(SCHEDULES)  # virtual stages of each schedule
 CASES = (
@@ -34,24 +34,21 @@ CASES = (
 )
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    return train(CFG, ParallelConfig(), steps=STEPS, global_batch=BATCH)
-
-
 @pytest.mark.parametrize("schedule, pp, m, sp, dp", CASES,
                          ids=[f"{s}-pp{pp}-m{m}{'-sp' if sp else ''}-dp{dp}" for s, pp, m, sp, dp in CASES])
-def test_pipeline_with_tensor_parallel_matches_single_device(schedule, pp, m, sp, dp, oracle):
+def test_pipeline_with_tensor_parallel_matches_single_device(schedule, pp, m, sp, dp):
     pc = ParallelConfig(pp=pp, tp=2, dp=dp, microbatches=m, schedule=schedule, virtual_stages=V[schedule],
                         sequence_parallel=sp)
-    res = train(CFG, pc, steps=STEPS, global_batch=BATCH)
+    cfg = config_for(pp, V[schedule])
+    oracle = single_device(cfg)
+    res = train(cfg, pc, steps=STEPS, global_batch=BATCH)
     assert_same(res, oracle)
     if dp == 2:  # both replicas hold the same (merged) weights
         assert len(res.rank_params) == 2
         for name, ref in oracle.params.items():
             np.testing.assert_allclose(res.rank_params[1][name], ref, rtol=1e-10, atol=1e-12, err_msg=name)
     # the ledger holds each stage's tp blocks only: over all ranks, dp x (tp copies of one rank's share)
-    share = tensor_parallelize(md.GPT(CFG, seed=0), TPGroup(size=2, rank=0, sequence_parallel=sp))
+    share = tensor_parallelize(md.GPT(cfg, seed=0), TPGroup(size=2, rank=0, sequence_parallel=sp))
     want = dp * 2 * 8 * sum(p.data.size for _, p in share.named_parameters())  # float64
     assert sum(mem["params"] for mem in res.memory) == pytest.approx(want)
     assert max(mem["params"] for mem in res.memory) < 1.5 * want / (dp * 2 * pp)
@@ -63,9 +60,9 @@ def test_stage_boundary_traffic(sp):
     """Rank = 4 pp + 2 dp + tp: a message between stages stays on one (dp, tp) position and carries a
     micro-batch's (rows, T, d) activation, or its (rows, T/2, d) sequence shard with SP."""
     pc = ParallelConfig(pp=2, dp=2, tp=2, microbatches=4, sequence_parallel=sp)
-    res = train(CFG, pc, steps=1, global_batch=BATCH)
+    res = train(SMALL, pc, steps=1, global_batch=BATCH)
     rows = BATCH // 2 // 4
-    want = rows * CFG.seq_len * CFG.d_model * 8 / (2 if sp else 1)
+    want = rows * SMALL.seq_len * SMALL.d_model * 8 / (2 if sp else 1)
     crossing = []
     for e in res.trace:
         if e.stream == "link" and e.nbytes > 0:
@@ -127,7 +124,7 @@ def test_executed_bubble_with_tensor_parallel_stages(schedule):
     """Uniform stage costs on free links: both tp ranks of every stage follow the schedule's timeline."""
     p, m, tp = 2, 4, 2
     tokens, _ = md.data.load_tokens(2_000, seed=0)
-    x, y = md.data.get_batch(tokens, m, CFG.seq_len, np.random.default_rng(0))
+    x, y = md.data.get_batch(tokens, m, SMALL.seq_len, np.random.default_rng(0))
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=2, dtype="float64")
     unit = {"F": 1e-3, "I": 1e-3, "W": 1e-3}
 
