@@ -5,9 +5,14 @@ publishes a signature (op, group, shapes, dtype, root, reduce op, algorithm) tha
 every message of the call, so ranks that disagree stop with a message naming both calls instead
 of exchanging garbage, (3) runs the algorithm on the comm stream starting at
 ``max(compute, comm)``, and (4) joins the streams (sync) or returns a ``Work`` (``async_op=True``).
+
+A small collective is dominated by this bookkeeping, not by its bytes, so the pieces that repeat
+call after call (the signature text, the algorithm choice) are computed once and remembered.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,6 +26,8 @@ from minidist.runtime.work import Work
 
 
 def _arr(t, op: str, writable: bool = True) -> np.ndarray:
+    if type(t) is np.ndarray and t.dtype.kind in "biufc" and (t.flags.writeable or not writable):
+        return t  # the common case, checked without the import below
     from minidist.dist import as_array
 
     return as_array(t, op, writable)
@@ -38,8 +45,40 @@ def _flat(arr: np.ndarray):
     return tmp.reshape(-1), back
 
 
+@lru_cache(maxsize=1024)
 def _describe(shape, dtype) -> str:
     return f"shape={tuple(shape)}, dtype={np.dtype(dtype).name}"
+
+
+# Collectives whose result on every rank depends on every rank's data: a rank can only finish one by
+# receiving messages that passed through every other rank, each checked against its own signature,
+# so finishing proves that all ranks made the same call. Rooted ones (a broadcast's root receives
+# nothing) must compare signatures on the board before they return.
+_EVERYONE_HEARS_EVERYONE = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"}
+
+_SIGS: dict[tuple, bytes] = {}  # (name, detail, algorithm, ranks) -> signature
+_CHOICES: dict[tuple, tuple] = {}  # (collective, nbytes, ranks, id(cluster)) -> (cluster, algorithm)
+
+
+def _signature(name: str, detail: str, algorithm: str, ranks: tuple) -> bytes:
+    key = (name, detail, algorithm, ranks)
+    sig = _SIGS.get(key)
+    if sig is None:
+        if len(_SIGS) > 4096:
+            _SIGS.clear()
+        args = f"{detail}, algorithm={algorithm!r}" if detail else f"algorithm={algorithm!r}"
+        sig = _SIGS[key] = f"{name}({args}) on ranks {list(ranks)}".encode()
+    return sig
+
+
+def _choose(coll: str, nbytes: int, c: Comm) -> str:
+    key = (coll, nbytes, c.ranks, id(c.cluster))
+    hit = _CHOICES.get(key)
+    if hit is None or hit[0] is not c.cluster:
+        if len(_CHOICES) > 4096:
+            _CHOICES.clear()
+        hit = _CHOICES[key] = (c.cluster, choose(coll, nbytes, c))
+    return hit[1]
 
 
 def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async_op: bool, body, after=None):
@@ -56,18 +95,16 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async
     seq = ctx.next_seq(group)
     c = Comm(ctx, group.ranks, cursor, -(group.key << 6) - 1, b"", name)
     if algorithm is None:
-        algorithm = choose(coll, nbytes, c)
+        algorithm = _choose(coll, nbytes, c)
     fn = ALGORITHMS[coll].get(algorithm)
     if fn is None:
         raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])}")
-    args = f"{detail}, algorithm={algorithm!r}" if detail else f"algorithm={algorithm!r}"
-    sig = f"{name}({args}) on ranks {list(group.ranks)}".encode()
-    c._sig = sig
+    sig = c._sig = _signature(name, detail, algorithm, group.ranks)
     try:
         if group.size() > 1:
             tp.publish(group.ranks, group.key, seq, sig)
         body(c, fn)
-        if group.size() > 1:
+        if group.size() > 1 and coll not in _EVERYONE_HEARS_EVERYONE:
             tp.agree(group.ranks, group.key, seq, sig, name)
     except MismatchError as e:  # the call is broken on every rank: make sure they all hear why
         tp.board.abort(str(e), mismatch=True)

@@ -34,7 +34,7 @@ CTRL_BYTES = 1024
 HDR_BYTES = 1024
 
 # board record fields (int64 / float64 words, then byte areas)
-R_STATE, R_SINCE, R_DESCLEN = 0, 1, 4
+R_STATE, R_SINCE, R_DESCLEN, R_NAP = 0, 1, 4, 5
 R_DESC_OFF, R_DESC_MAX = 64, 448
 # then a table of the last collective called on each group: key, seq, crc, siglen, signature text
 G_OFF, G_SLOTS, G_BYTES = 512, 29, 256
@@ -43,7 +43,8 @@ RUNNING, WAITING, FINISHED, FAILED = 0, 1, 2, 3
 STATE_NAMES = {RUNNING: "running", WAITING: "waiting", FINISHED: "finished", FAILED: "failed"}
 
 # channel control words (each on its own cache line: the two sides write different ones)
-C_HEAD, C_TAIL, C_NACK, C_NACKLEN, C_WANT = 0, 8, 16, 17, 24  # C_WANT: the sender sleeps on this channel
+# C_WANT: the sender sleeps until this channel moves; C_RWANT: the receiver sleeps until data arrives
+C_HEAD, C_TAIL, C_RWANT, C_NACK, C_NACKLEN, C_WANT = 0, 8, 9, 16, 17, 24
 C_NACK_OFF = 192
 
 # message header: tag, nbytes, start, arrival, msg index, ndim, shape[8], dtype, siglen, then sig bytes
@@ -124,56 +125,79 @@ def unlink(name: str) -> None:
 
 
 class Board:
-    """The shared abort word and per-rank status records (who waits for what, which collective)."""
+    """The shared abort word and per-rank status records (who waits for what, which collective).
+
+    Single words are read and written through ``memoryview`` casts of the segment: far cheaper than
+    numpy scalar indexing, and they are on the path of every message.
+    """
 
     def __init__(self, mm: mmap.mmap, layout: Layout) -> None:
         self.mm, self.layout = mm, layout
         self.buf = np.frombuffer(mm, np.uint8)
-        self.abort_words = np.frombuffer(mm, np.int64, 2, 0)
-        self.words = [np.frombuffer(mm, np.int64, 8, layout.record(r)) for r in range(layout.world)]
-        self.fwords = [np.frombuffer(mm, np.float64, 8, layout.record(r)) for r in range(layout.world)]
+        self.q = memoryview(mm).cast("q")  # int64 words of the whole segment
+        self.d = memoryview(mm).cast("d")  # the same bytes as float64
+        self.rec = [layout.record(r) // 8 for r in range(layout.world)]  # word index of each record
         self._tables: dict[int, np.ndarray] = {}
         self._slot_of: dict[int, int] = {}  # this process's own group slots (only the owner writes them)
+        self._hint: dict[tuple[int, int], int] = {}  # (rank, key) -> where that rank's row was last seen
 
     # -- abort -----------------------------------------------------------------------------
     def aborted(self) -> str | None:
-        if self.abort_words[0] == 0:
+        if self.q[0] == 0:
             return None
-        n = int(self.abort_words[1])
+        n = self.q[1]
         return bytes(self.buf[64 : 64 + n]).decode(errors="replace")
 
     def abort(self, message: str, mismatch: bool = False) -> None:
         """Stop every rank at its next wait; ``mismatch`` marks a disagreement about a collective call."""
-        if self.abort_words[0]:
+        if self.q[0]:
             return
         data = message.encode()[: ABORT_BYTES - 64]
         self.buf[64 : 64 + len(data)] = np.frombuffer(data, np.uint8)
-        self.abort_words[1] = len(data)
-        self.abort_words[0] = 2 if mismatch else 1
+        self.q[1] = len(data)
+        self.q[0] = 2 if mismatch else 1
 
     def abort_is_mismatch(self) -> bool:
-        return int(self.abort_words[0]) == 2
+        return self.q[0] == 2
 
     # -- status ----------------------------------------------------------------------------
     def set_state(self, rank: int, state: int, since: float = 0.0, desc: str | None = None) -> None:
-        w = self.words[rank]
+        w = self.rec[rank]
         if desc is not None:
-            data = desc.encode()[:R_DESC_MAX]
-            off = self.layout.record(rank) + R_DESC_OFF
-            self.buf[off : off + len(data)] = np.frombuffer(data, np.uint8)
-            w[R_DESCLEN] = len(data)
-            self.fwords[rank][R_SINCE] = since
-        w[R_STATE] = state
+            self.set_desc(rank, desc)
+            self.d[w + R_SINCE] = since
+        self.q[w + R_STATE] = state
+
+    def set_desc(self, rank: int, desc: str) -> None:
+        """What ``rank`` waits for, in words (read only by reports after a timeout)."""
+        data = desc.encode()[:R_DESC_MAX]
+        off = self.layout.record(rank) + R_DESC_OFF
+        self.buf[off : off + len(data)] = np.frombuffer(data, np.uint8)
+        self.q[self.rec[rank] + R_DESCLEN] = len(data)
+
+    def set_waiting(self, rank: int, since: float) -> None:
+        """Mark ``rank`` as waiting without a description yet (it is written if the wait lasts)."""
+        w = self.rec[rank]
+        self.q[w + R_DESCLEN] = 0
+        self.d[w + R_SINCE] = since
+        self.q[w + R_STATE] = WAITING
 
     def state(self, rank: int) -> int:
-        return int(self.words[rank][R_STATE])
+        return self.q[self.rec[rank] + R_STATE]
+
+    def set_napping(self, rank: int, on: bool) -> None:
+        """``rank`` sleeps in ``agree`` until its peers announce their call (``publish`` rings it)."""
+        self.q[self.rec[rank] + R_NAP] = 1 if on else 0
+
+    def napping(self, rank: int) -> bool:
+        return self.q[self.rec[rank] + R_NAP] != 0
 
     def describe(self, rank: int) -> tuple[int, float, str]:
-        w = self.words[rank]
-        n = int(w[R_DESCLEN])
+        w = self.rec[rank]
+        n = self.q[w + R_DESCLEN]
         off = self.layout.record(rank) + R_DESC_OFF
-        desc = bytes(self.buf[off : off + n]).decode(errors="replace")
-        return int(w[R_STATE]), float(self.fwords[rank][R_SINCE]), desc
+        desc = bytes(self.buf[off : off + n]).decode(errors="replace") or "a communication call"
+        return self.q[w + R_STATE], self.d[w + R_SINCE], desc
 
     # -- collective calls: per rank and group, the latest call's number and signature ----------
     def _table(self, rank: int) -> np.ndarray:
@@ -186,37 +210,66 @@ class Board:
 
     def publish(self, rank: int, key: int, seq: int, sig: bytes) -> None:
         """Record that ``rank`` entered call number ``seq`` on group ``key`` with signature ``sig``."""
-        t = self._table(rank)
         slot = self._slot_of.get(key)
-        if slot is None:  # a new group: a free slot, else recycle the oldest
+        fresh = slot is None
+        if fresh:  # a new group: a free slot, else recycle the oldest
             used = len(self._slot_of)
             slot = used if used < G_SLOTS else self._evict()
             self._slot_of[key] = slot
-        row = t[slot]
-        row[1] = -1  # readers skip the slot while it is rewritten
+        q = self.q
+        w = (self.layout.record(rank) + G_OFF + slot * G_BYTES) // 8
+        crc = zlib.crc32(sig)
+        if not fresh and q[w + 2] == crc:  # the same call as last time on this group: only the number moves
+            q[w + 1] = seq
+            return
+        q[w + 1] = -1  # readers skip the slot while it is rewritten
         text = sig[:G_SIG_MAX]
-        off = self.layout.record(rank) + G_OFF + slot * G_BYTES + 32
+        off = w * 8 + 32
         self.buf[off : off + len(text)] = np.frombuffer(text, np.uint8)
-        row[2], row[3], row[0] = zlib.crc32(sig), len(text), key
-        row[1] = seq
+        q[w + 2], q[w + 3], q[w] = crc, len(text), key
+        q[w + 1] = seq
 
     def _evict(self) -> int:
         key = next(iter(self._slot_of))
         return self._slot_of.pop(key)
 
-    def lookup(self, rank: int, key: int) -> tuple[int, int, str] | None:
-        """(seq, crc, signature text) of ``rank``'s latest call on group ``key``, or None."""
-        t = self._table(rank)
-        hits = np.flatnonzero(t[:, 0] == key)
+    def _row(self, rank: int, key: int) -> int | None:
+        """Word index of ``rank``'s row for group ``key`` (remembered, checked, searched if it moved)."""
+        hint = self._hint.get((rank, key))
+        if hint is not None and self.q[hint] == key:
+            return hint
+        hits = np.flatnonzero(self._table(rank)[:, 0] == key)
         if not len(hits):
             return None
-        row = t[hits[0]]
-        seq = int(row[1])
+        w = (self.layout.record(rank) + G_OFF + int(hits[0]) * G_BYTES) // 8
+        self._hint[rank, key] = w
+        return w
+
+    def lookup_crc(self, rank: int, key: int) -> tuple[int, int] | None:
+        """(seq, crc of the signature) of ``rank``'s latest call on group ``key``, or None: the cheap check."""
+        w = self._row(rank, key)
+        if w is None:
+            return None
+        q = self.q
+        seq = q[w + 1]
         if seq < 0:
             return None
-        crc, n = int(row[2]), int(row[3])
-        off = self.layout.record(rank) + G_OFF + int(hits[0]) * G_BYTES + 32
-        text = bytes(self.buf[off : off + n]).decode(errors="replace")
-        if int(row[1]) != seq:
+        crc = q[w + 2]
+        if q[w + 1] != seq or q[w] != key:
+            return None
+        return seq, crc
+
+    def lookup(self, rank: int, key: int) -> tuple[int, int, str] | None:
+        """(seq, crc, signature text) of ``rank``'s latest call on group ``key``, or None."""
+        w = self._row(rank, key)
+        if w is None:
+            return None
+        q = self.q
+        seq = q[w + 1]
+        if seq < 0:
+            return None
+        crc, n = q[w + 2], q[w + 3]
+        text = bytes(self.buf[w * 8 + 32 : w * 8 + 32 + n]).decode(errors="replace")
+        if q[w + 1] != seq or q[w] != key:
             return None
         return seq, crc, text

@@ -23,6 +23,7 @@ timeout that turns a deadlock into a report of who waits for whom).
 from __future__ import annotations
 
 import os
+import threading
 import time
 import zlib
 from collections import deque
@@ -31,7 +32,18 @@ import numpy as np
 
 from minidist.runtime import shm
 from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted
-from minidist.runtime.shm import C_HEAD, C_NACK, C_NACK_OFF, C_NACKLEN, C_TAIL, C_WANT, HDR_BYTES, HEADER, SIG_MAX
+from minidist.runtime.shm import (
+    C_HEAD,
+    C_NACK,
+    C_NACK_OFF,
+    C_NACKLEN,
+    C_RWANT,
+    C_TAIL,
+    C_WANT,
+    HDR_BYTES,
+    HEADER,
+    SIG_MAX,
+)
 
 
 def spin_seconds(world: int) -> float:
@@ -45,6 +57,21 @@ def spin_seconds(world: int) -> float:
     if not env or world > (os.cpu_count() or 1):
         return 0.0
     return max(0.0, float(env)) * 1e-6
+
+
+_FENCE = threading.Lock()
+
+
+def fence() -> None:
+    """Make this process's earlier stores visible before its later loads.
+
+    A rank that goes to sleep raises a flag and then looks for work once more; a peer that adds work
+    stores it and then looks at the flag. If both loads could overtake the stores, both would miss
+    and the sleeper would oversleep (until its timed wait ends). Taking a lock is an atomic
+    read-modify-write, which on x86 orders everything around it: the cheapest fence Python offers.
+    """
+    _FENCE.acquire()
+    _FENCE.release()
 
 
 class SendOp:
@@ -105,10 +132,10 @@ class RecvOp:
 class _Stash:
     """A message nobody asked for yet (another tag was awaited): kept as private bytes."""
 
-    __slots__ = ("hdr", "sig", "data", "off", "nbytes")
+    __slots__ = ("hdr", "sig", "data", "off", "nbytes", "peer")
 
-    def __init__(self, hdr, sig):
-        self.hdr, self.sig = hdr, sig
+    def __init__(self, hdr, sig, peer):
+        self.hdr, self.sig, self.peer = hdr, sig, peer
         self.nbytes = hdr[1]
         self.data = np.empty(self.nbytes, np.uint8)
         self.off = 0
@@ -122,11 +149,14 @@ class _Stash:
 class _Discard(_Stash):
     """The rest of a refused message: its chunks are taken and dropped, keeping the channel in step."""
 
-    def __init__(self, hdr):
-        self.hdr, self.sig, self.nbytes, self.off, self.data = hdr, b"", hdr[1], 0, None
+    def __init__(self, hdr, peer):
+        self.hdr, self.sig, self.nbytes, self.off, self.data, self.peer = hdr, b"", hdr[1], 0, None, peer
 
     def consume(self, chunk):
         self.off += chunk.size
+
+
+_DTYPES: dict[bytes, np.dtype] = {}  # header dtype field -> dtype
 
 
 def _fmt(shape, dtype) -> str:
@@ -140,6 +170,7 @@ class Transport:
         self.rank, self.world, self.layout = rank, layout.world, layout
         self.mm, self.mv = mm, memoryview(mm)
         self.buf = np.frombuffer(mm, np.uint8)
+        self.words = self.mv.cast("q")
         self.bells, self.bell = doorbells, doorbells[rank]
         self.board, self.clock, self.timeout = board, clock, timeout
         self.slot_bytes, self.nslots = layout.slot_bytes, layout.nslots
@@ -151,8 +182,8 @@ class Transport:
         for p in range(W):
             if p == rank:
                 continue
-            self.out_ctrl[p] = np.frombuffer(mm, np.int64, 128, layout.channel(rank, p))
-            self.in_ctrl[p] = np.frombuffer(mm, np.int64, 128, layout.channel(p, rank))
+            self.out_ctrl[p] = self._ctrl(rank, p)
+            self.in_ctrl[p] = self._ctrl(p, rank)
             self.out_slots[p] = [self._slot(rank, p, i) for i in range(self.nslots)]
             self.in_slots[p] = [self._slot(p, rank, i) for i in range(self.nslots)]
         self.head = [0] * W  # chunks written to rank -> p (only this rank writes it)
@@ -165,6 +196,11 @@ class Transport:
         self.failed: list = []  # ops whose error has not been raised yet
         self.coll = None  # (ranks, group key, seq, signature) of the collective in progress
         self.spin = spin_seconds(self.world)
+
+    def _ctrl(self, src, dst) -> memoryview:
+        """The control words of channel src -> dst (a memoryview: cheap single-word access)."""
+        w = self.layout.channel(src, dst) // 8
+        return self.words[w : w + shm.CTRL_BYTES // 8]
 
     def _slot(self, src, dst, i):
         off = self.layout.slot(src, dst, i)
@@ -255,7 +291,9 @@ class Transport:
                 break
         self.head[dst] = head
         if wrote:
-            self.bells[dst].release()
+            fence()
+            if ctrl[C_RWANT]:  # the receiver sleeps waiting for this channel: wake it
+                self.bells[dst].release()
         done = False
         while q and q[0].written and (q[0].eager or tail >= q[0].end_counter):
             q.popleft().done = True
@@ -280,7 +318,7 @@ class Transport:
                 if not q:
                     break  # nobody here wants a message from src yet: leave it in the channel
                 hdr = HEADER.unpack_from(self.mv, hoff)
-                tag, siglen = hdr[0], hdr[-1]
+                tag, siglen = hdr[0], hdr[15]
                 sig = bytes(self.mv[hoff + HEADER.size : hoff + HEADER.size + siglen]) if siglen else b""
                 for i, op in enumerate(q):
                     if op.tag == tag:
@@ -290,13 +328,13 @@ class Transport:
                         problem = self._check(op, hdr, sig, ctrl)
                         if problem:
                             self._fail(op, problem)
-                            cur = _Discard(hdr)
+                            cur = _Discard(hdr, src)
                         else:
                             op.hdr = hdr
                             cur = op
                         break
                 else:
-                    cur = _Stash(hdr, sig)
+                    cur = _Stash(hdr, sig, src)
                 self.cur_in[src] = cur
             k = min(self.slot_bytes, cur.nbytes - cur.off)
             cur.consume(payload[:k])
@@ -312,8 +350,10 @@ class Transport:
                     self._complete(cur, cur.hdr)
         self.tail[src] = tail
         ctrl[C_TAIL] = tail
-        if moved and ctrl[C_WANT]:  # the sender sleeps until slots free up or its message is taken
-            self.bells[src].release()
+        if moved:
+            fence()
+            if ctrl[C_WANT]:  # the sender sleeps until slots free up or its message is taken
+                self.bells[src].release()
         return moved
 
     def _complete(self, op: RecvOp, hdr) -> None:
@@ -324,7 +364,9 @@ class Transport:
     def _check(self, op: RecvOp, hdr, sig, ctrl=None) -> str | None:
         """Refuse a message that does not fit the posted receive (and tell its sender): return the problem."""
         tag, nbytes, _, _, msg, ndim = hdr[:6]
-        dtype = np.dtype(hdr[14].rstrip(b"\0").decode())
+        dtype = _DTYPES.get(hdr[14])
+        if dtype is None:
+            dtype = _DTYPES[hdr[14]] = np.dtype(hdr[14].rstrip(b"\0").decode())
         problem = None
         if sig != op.sig:
             theirs = sig.decode(errors="replace") or "a point-to-point send"
@@ -378,8 +420,20 @@ class Transport:
         return bool(self.send_q or self.recv_q or self.cur_in)
 
     # -- waiting ---------------------------------------------------------------------------
+    def _sleep(self, seconds: float) -> None:
+        """Sleep on this rank's doorbell (at most ``seconds``); then swallow the rings that piled up."""
+        if self.bell.acquire(True, seconds):
+            while self.bell.acquire(False):
+                pass
+
     def wait(self, ops, timeout: float | None = None) -> None:
-        """Block (on the doorbell, not spinning) until every op in ``ops`` is done."""
+        """Block (on the doorbell, not spinning) until every op in ``ops`` is done.
+
+        Before sleeping the rank raises a flag on each channel it waits on (C_RWANT for data, C_WANT
+        for free slots) and looks once more; peers ring the bell only when they see a flag, so a
+        rank that is busy is never disturbed. What it waits for is written on the board only when
+        the wait lasts (reports need it after seconds, the fast path should not pay for it).
+        """
         for op in ops:
             if not op.done:
                 break
@@ -390,8 +444,8 @@ class Transport:
         timeout = self.timeout if timeout is None else timeout
         t0 = time.monotonic()
         deadline = t0 + timeout
-        blocked = False
-        wants = []
+        blocked = described = False
+        flags = []
         if self.spin:  # a short poll before sleeping, only when every rank has a core of its own
             spin_end = t0 + self.spin
             while time.monotonic() < spin_end:
@@ -407,25 +461,27 @@ class Transport:
                     self._raise_failed(ops)
                 if all(op.done for op in ops):
                     return
-                self._check_peers(ops)
                 now = time.monotonic()
+                self._check_peers(ops, slow=now - t0 > 0.05)
                 if now >= deadline:
                     raise CommTimeoutError(self._report(ops, now - t0))
                 if not blocked:
                     blocked = True
-                    self.board.set_state(self.rank, shm.WAITING, time.time(), self._what(ops))
-                    wants = [self.out_ctrl[d] for d in self.send_q]
-                    for c in wants:
-                        c[C_WANT] = 1
-                    if wants and self.progress():  # re-check after raising the flag: no lost wake-up
-                        continue
-                if self.bell.acquire(True, min(deadline - now, 0.25)):
-                    while self.bell.acquire(False):
-                        pass
+                    self.board.set_waiting(self.rank, time.time())
+                    flags = [(self.out_ctrl[d], C_WANT) for d in self.send_q]
+                    flags += [(self.in_ctrl[s], C_RWANT) for s in set(self.recv_q) | set(self.cur_in)]
+                    for c, w in flags:
+                        c[w] = 1
+                    fence()
+                    continue  # look once more now that peers can see the flags: no lost wake-up
+                if not described and now - t0 > 0.05:
+                    described = True
+                    self.board.set_desc(self.rank, self._what(ops))
+                self._sleep(min(deadline - now, 0.05 if not described else 0.25))
         finally:
             if blocked:
-                for c in wants:
-                    c[C_WANT] = 0
+                for c, w in flags:
+                    c[w] = 0
                 self.board.set_state(self.rank, shm.RUNNING)
 
     def _raise_failed(self, ops) -> None:
@@ -438,38 +494,50 @@ class Transport:
         waiting = [op.describe() for op in ops if not op.done]
         return ", ".join(waiting[:4]) + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
 
-    def _check_peers(self, ops) -> None:
-        """Turn a wait that can never end into an error: another rank failed, finished or disagrees."""
-        msg = self.board.aborted()
-        if msg is not None:
-            if self.board.abort_is_mismatch():
+    def _check_peers(self, ops, slow: bool = True) -> None:
+        """Turn a wait that can never end into an error: another rank failed, finished or disagrees.
+
+        The board's collective records are compared only once the wait is ``slow``: when ranks
+        disagree their messages usually meet and are refused long before.
+        """
+        board = self.board
+        if board.q[0]:  # the abort word
+            msg = board.aborted()
+            if board.abort_is_mismatch():
                 raise MismatchError(msg)
             raise RankAborted(f"rank {self.rank} stopped because {msg}")
         for op in ops:
             if op.done:
                 continue
-            st = self.board.state(op.peer)
-            if st in (shm.FINISHED, shm.FAILED):
+            st = board.state(op.peer)
+            if st == shm.FINISHED or st == shm.FAILED:
                 if self.progress() and op.done:  # its last words may have arrived meanwhile
                     continue
                 raise PeerExitedError(
                     f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
                     f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
                 )
-        if self.coll is not None:  # stuck inside a collective: maybe because the ranks disagree
+        if slow and self.coll is not None:  # stuck inside a collective: maybe because the ranks disagree
             ranks, key, seq, sig = self.coll
             mine = zlib.crc32(sig)
             for r in ranks:
-                got = self.board.lookup(r, key) if r != self.rank else None
+                got = board.lookup_crc(r, key) if r != self.rank else None
                 if got is not None and got[0] == seq and got[1] != mine:
-                    raise MismatchError(f"ranks disagree about a collective call: rank {r} called {got[2]}; "
-                                        f"rank {self.rank} called {sig.decode(errors='replace')}")
+                    self._disagree(r, key, sig)
+
+    def _disagree(self, r: int, key: int, sig: bytes):
+        got = self.board.lookup(r, key)
+        theirs = got[2] if got is not None else "a different call"
+        raise MismatchError(f"ranks disagree about a collective call: rank {r} called {theirs}; "
+                            f"rank {self.rank} called {sig.decode(errors='replace')}")
 
     def publish(self, ranks, key: int, seq: int, sig: bytes) -> None:
         """Announce this rank's collective call on the board (checked by peers that wait on us)."""
-        self.board.publish(self.rank, key, seq, sig)
-        for r in ranks:  # wake only the peers sleeping (maybe in agree(), waiting for this)
-            if r != self.rank and self.board.state(r) == shm.WAITING:
+        board = self.board
+        board.publish(self.rank, key, seq, sig)
+        fence()
+        for r in ranks:  # wake only the peers sleeping in agree(), waiting for this
+            if r != self.rank and board.napping(r):
                 self.bells[r].release()
         self.coll = (ranks, key, seq, sig)
 
@@ -481,6 +549,7 @@ class Transport:
         signature too, so no data is ever taken from a disagreeing call.
         """
         me = self.rank
+        board = self.board
         mine = zlib.crc32(sig)
         todo = [r for r in ranks if r != me]
         t0 = time.monotonic()
@@ -489,23 +558,22 @@ class Transport:
             while True:
                 late = []
                 for r in todo:
-                    got = self.board.lookup(r, key)
+                    got = board.lookup_crc(r, key)
                     if got is None or got[0] < seq:
                         late.append(r)
                     elif got[0] == seq and got[1] != mine:
-                        raise MismatchError(f"ranks disagree about a collective call: rank {r} called {got[2]}; "
-                                            f"rank {me} called {sig.decode(errors='replace')}")
+                        self._disagree(r, key, sig)
                 if not late:
                     return
                 todo = late
-                msg = self.board.aborted()
+                msg = board.aborted()
                 if msg is not None:
-                    if self.board.abort_is_mismatch():
+                    if board.abort_is_mismatch():
                         raise MismatchError(msg)
                     raise RankAborted(f"rank {me} stopped because {msg}")
                 for r in late:
-                    st = self.board.state(r)
-                    got = self.board.lookup(r, key)
+                    st = board.state(r)
+                    got = board.lookup_crc(r, key)
                     if st in (shm.FINISHED, shm.FAILED) and (got is None or got[0] < seq):
                         raise PeerExitedError(f"rank {me} waits for rank {r} to join {what} but rank {r} has "
                                               f"{shm.STATE_NAMES[st]}")
@@ -517,14 +585,15 @@ class Transport:
                     if self.spin and now - t0 < self.spin:
                         continue
                     blocked = True
-                    self.board.set_state(me, shm.WAITING, time.time(), f"{what} (waiting for ranks {late} to join)")
+                    board.set_state(me, shm.WAITING, time.time(), f"{what} (waiting for ranks {late} to join)")
+                    board.set_napping(me, True)
+                    fence()
                     continue  # look once more now that peers can see we sleep: no lost wake-up
-                if self.bell.acquire(True, min(self.timeout - (now - t0), 0.25)):
-                    while self.bell.acquire(False):
-                        pass
+                self._sleep(min(self.timeout - (now - t0), 0.25))
         finally:
             if blocked:
-                self.board.set_state(me, shm.RUNNING)
+                board.set_napping(me, False)
+                board.set_state(me, shm.RUNNING)
 
     def _report(self, ops, waited: float) -> str:
         return self._report_text(f"rank {self.rank} waited {waited:.1f} s in {self._what(ops)}", waited)
