@@ -58,19 +58,21 @@ def test_pipeline_with_tensor_parallel_matches_single_device(schedule, pp, m, sp
 @pytest.mark.parametrize("sp", [False, True], ids=["full-activation", "sequence-shard"])
 def test_stage_boundary_traffic(sp):
     """Rank = 4 pp + 2 dp + tp: a message between stages stays on one (dp, tp) position and carries a
-    micro-batch's (rows, T, d) activation, or its (rows, T/2, d) sequence shard with SP."""
-    pc = ParallelConfig(pp=2, dp=2, tp=2, microbatches=4, sequence_parallel=sp)
+    micro-batch's (rows, T, d) activation, or its (rows, T/2, d) sequence shard with SP (the closed
+    form's per-GPU message with tp = 2); each of the dp x tp pipelines moves 2 (p-1) m of them."""
+    pp, m = 2, 4
+    pc = ParallelConfig(pp=pp, dp=2, tp=2, microbatches=m, sequence_parallel=sp)
     res = train(SMALL, pc, steps=1, global_batch=BATCH)
-    rows = BATCH // 2 // 4
-    want = rows * SMALL.seq_len * SMALL.d_model * 8 / (2 if sp else 1)
+    rows = BATCH // 2 // m
+    message = md.estimate.pp_activation_bytes(rows, SMALL.seq_len, SMALL.d_model, 8, tp=2 if sp else 1)
     crossing = []
     for e in res.trace:
         if e.stream == "link" and e.nbytes > 0:
             src, dst = (int(r) for r in e.name.split("->"))
             if src // 4 != dst // 4:
                 crossing.append((src, dst, e.nbytes))
-    assert crossing and all(s % 4 == d % 4 and n == want for s, d, n in crossing)
-    assert len(crossing) == 8 * 4  # 8 ranks, 4 micro-batches each way (activation forward, gradient back)
+    assert crossing and all(s % 4 == d % 4 and n == message for s, d, n in crossing)
+    assert sum(n for *_, n in crossing) == 2 * 2 * md.estimate.pp_comm_bytes_total(message, pp, m)
 
 
 def _split_backward_on_two_ranks(sp: bool):
