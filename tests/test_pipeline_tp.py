@@ -153,3 +153,11 @@ def test_executed_bubble_with_tensor_parallel_stages(schedule):
     stage_of = {r: r // tp for r in range(p * tp)}  # rank 2s + t plays stage s
     assert sorted((stage_of[r], n, t) for r, n, t in got) == sorted(
         [(s, n, t) for s, n, t in sim for _ in range(tp)])
+
+
+def test_measured_balance_and_uneven_micro_batches_with_tensor_parallel():
+    """Stages cut by the dense blocks' measured cost (a heavy head), 7 sequences in 3 micro-batches, tp = 2 + SP."""
+    cfg = md.GPTConfig(vocab_size=400, seq_len=8, d_model=16, n_layers=4, n_heads=2)
+    ref = train(cfg, ParallelConfig(), steps=2, global_batch=7)
+    pc = ParallelConfig(pp=2, tp=2, microbatches=3, pp_balance="measured", sequence_parallel=True)
+    assert_same(train(cfg, pc, steps=2, global_batch=7), ref)
