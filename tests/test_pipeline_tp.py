@@ -4,7 +4,8 @@
   losses, gradients and weights after 2 AdamW steps equal the single-device run (float64). The
   full product (2 x 3 x 4 x 2 = 48 launches) is too slow for the suite; the subset below covers
   every schedule at m = 4 on both pipeline depths, with and without SP; m in {1, 8} for 1F1B (both
-  depths) and ZB-H1 (with SP); and dp = 2 x tp = 2 x pp = 2 for 1F1B and ZB-H1 + SP;
+  depths) and ZB-H1 (with SP); dp = 2 x tp = 2 x pp = 2 for 1F1B and ZB-H1 + SP; and a measured
+  stage balance with uneven micro-batches (tp = 2 + SP);
 * stage boundaries: tp rank r of a stage only talks to tp rank r of the next; without SP each tp rank
   sends the whole activation, with SP its sequence shard (half of it at tp = 2);
 * the split backward defers the column- and row-parallel weight gradients to the W pass, whose work
