@@ -153,6 +153,11 @@ class GPT(Module):
         else:
             self.lm_head = Linear(c.d_model, c.vocab_size, bias=False, rng=rng, init_std=std, dtype=c.dtype)
 
+    def criterion(self, logits, targets):
+        """The loss of flattened logits (N, vocab) against targets (N,): mean cross-entropy. Parallel
+        versions of the model (a vocabulary-parallel head) override this and nothing else."""
+        return F.cross_entropy(logits, targets)
+
     def forward(self, idx, targets=None):
         """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss)``; loss is None without targets."""
         idx = np.asarray(getattr(idx, "data", idx))
@@ -170,7 +175,7 @@ class GPT(Module):
         targets = np.asarray(getattr(targets, "data", targets))
         if targets.shape != (B, T):
             raise ValueError(f"GPT: targets must have the shape of idx {(B, T)}, got {targets.shape}")
-        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        loss = self.criterion(logits.reshape(B * T, -1), targets.reshape(B * T))
         if self.config.n_experts:  # the routers' load-balancing and z losses
             loss = loss + aux_loss(self)
         return logits, loss

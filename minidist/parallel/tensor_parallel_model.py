@@ -140,24 +140,6 @@ class TensorParallelGPT(GPT):
     def criterion(self, logits, targets):
         return vocab_parallel_cross_entropy(logits, targets, self.tp)
 
-    def forward(self, idx, targets=None):
-        idx = np.asarray(getattr(idx, "data", idx))
-        if idx.ndim != 2:
-            raise ValueError(f"GPT: idx must be (batch, time), got shape {idx.shape}")
-        B, T = idx.shape
-        if T > self.config.seq_len:
-            raise ValueError(f"GPT: sequence length {T} exceeds config.seq_len={self.config.seq_len}")
-        x = self.drop(self.wte(idx) + self.wpe(np.arange(T)))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        if targets is None:
-            return logits, None
-        targets = np.asarray(getattr(targets, "data", targets))
-        if targets.shape != (B, T):
-            raise ValueError(f"GPT: targets must have the shape of idx {(B, T)}, got {targets.shape}")
-        return logits, self.criterion(logits.reshape(B * T, -1), targets.reshape(B * T))
-
 
 def check_divisible(config, tp: int, sequence_parallel: bool = False) -> None:
     """Raise one clear error listing every size of ``config`` that ``tp`` does not divide."""
