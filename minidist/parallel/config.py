@@ -1,11 +1,11 @@
 """``ParallelConfig``: one description of how a training run is split across devices (issue 6).
 
-The same dataclass will carry every strategy of Parts IV-VI of the book. This issue implements data
-parallelism (``dp``), ZeRO stages 1-3 (``zero_stage``), FSDP (``fsdp``), gradient accumulation
-(``microbatches``), activation recomputation (``recompute``) and offloading (``offload``). The
-other axes (``tp``, ``pp``, ``cp``, ``ep``) are already fields, so code and labs can name them, but
-a size above one raises until their issue lands. Tensor parallelism (``tp``, issue 7) has landed:
-``sequence_parallel=True`` adds Megatron's sequence parallelism to it. Context parallelism (``cp``,
+The same dataclass carries every strategy of Parts IV-VI of the book: data parallelism (``dp``),
+ZeRO stages 1-3 (``zero_stage``), FSDP (``fsdp``), gradient accumulation (``microbatches``),
+activation recomputation (``recompute``) and offloading (``offload``) (issue 6); tensor parallelism
+(``tp``, issue 7), with ``sequence_parallel=True`` for Megatron's sequence parallelism; pipeline
+parallelism (``pp``, ``microbatches``, ``schedule``, ``virtual_stages``, ``pp_balance``, issue 8),
+alone, with dp and with tp inside the stages. Context parallelism (``cp``,
 with ``cp_method`` "ring" or "ulysses" and ``cp_layout`` "zigzag" or "contiguous") and expert
 parallelism (``ep``, for GPTs with ``n_experts``) landed with issue 9 (``cp_ep_train.py``).
 
