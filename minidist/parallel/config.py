@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_LATER: dict[str, int] = {}
 OFFLOAD = (None, "optimizer", "optimizer+params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1")
 
@@ -54,10 +53,6 @@ class ParallelConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"ParallelConfig: {name} must be an int >= 1, got {v!r}")
-        for name, issue in _LATER.items():
-            if getattr(self, name) > 1:
-                raise ValueError(f"ParallelConfig: {name} > 1 is not implemented yet (issue {issue}); "
-                                 f"got {name}={getattr(self, name)}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"ParallelConfig: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.fsdp and self.zero_stage not in (0, 3):
