@@ -1,13 +1,14 @@
 """One shared-memory segment per launch: an abort word, a status board, and a channel per rank pair.
 
 Everything the ranks share lives in a single POSIX shared-memory segment, so the bytes of a message
-are copied exactly once (sender -> segment) and the receiver reads or reduces them in place.
+are copied exactly once (sender -> segment) and the receiver reads or reduces them in place
+(messages too large for a channel skip the segment: see ``cma.py``).
 
 Layout (all offsets 64-byte aligned so any dtype can be viewed in place)::
 
     [abort: flag, message]
-    [board: one record per rank: state, since, what it waits for, current collective signature]
-    [channel src->dst for every ordered pair: head, tail, nack | nslots x (header, payload)]
+    [board: one record per rank: state, since, what it waits for, pid, current collective signatures]
+    [channel src->dst for every ordered pair: head, tail, sleep flags, nack | nslots x (header, payload)]
 
 The segment is unlinked as soon as every rank has it mapped (immediately under fork), so nothing
 is left in /dev/shm even if the parent is killed.
@@ -34,7 +35,7 @@ CTRL_BYTES = 1024
 HDR_BYTES = 1024
 
 # board record fields (int64 / float64 words, then byte areas)
-R_STATE, R_SINCE, R_DESCLEN, R_NAP = 0, 1, 4, 5
+R_STATE, R_SINCE, R_DESCLEN, R_NAP, R_PID, R_PROBE = 0, 1, 4, 5, 6, 7  # R_PID, R_PROBE: see cma.py
 R_DESC_OFF, R_DESC_MAX = 64, 448
 # then a table of the last collective called on each group: key, seq, crc, siglen, signature text
 G_OFF, G_SLOTS, G_BYTES = 512, 29, 256
@@ -43,12 +44,14 @@ RUNNING, WAITING, FINISHED, FAILED = 0, 1, 2, 3
 STATE_NAMES = {RUNNING: "running", WAITING: "waiting", FINISHED: "finished", FAILED: "failed"}
 
 # channel control words (each on its own cache line: the two sides write different ones)
-# C_WANT: the sender sleeps until this channel moves; C_RWANT: the receiver sleeps until data arrives
-C_HEAD, C_TAIL, C_RWANT, C_NACK, C_NACKLEN, C_WANT = 0, 8, 9, 16, 17, 24
+# C_WANT: the sender sleeps until this channel moves; C_RWANT: the receiver sleeps until data arrives;
+# C_CMA: the receiver can read the sender's memory directly (1) or cannot (2), see cma.py
+C_HEAD, C_TAIL, C_RWANT, C_CMA, C_NACK, C_NACKLEN, C_WANT = 0, 8, 9, 10, 16, 17, 24
 C_NACK_OFF = 192
 
-# message header: tag, nbytes, start, arrival, msg index, ndim, shape[8], dtype, siglen, then sig bytes
-HEADER = struct.Struct("<qqddqq8q16sq")
+# message header: tag, nbytes, start, arrival, msg index, ndim, shape[8], dtype, siglen, address of the
+# sender's buffer when the receiver is to read it from there (0: the bytes follow in the slots), then sig bytes
+HEADER = struct.Struct("<qqddqq8q16sqq")
 SIG_MAX = HDR_BYTES - HEADER.size
 
 

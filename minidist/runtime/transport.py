@@ -14,10 +14,15 @@ collective, the call's signature, which is how ranks catch disagreeing arguments
   (``ufunc(buf, slot, out=buf)``) without a temporary: what reduction collectives are made of.
 * Messages between a pair stay in order; a receive takes the first message with its tag, and
   messages with other tags that arrive first are set aside (copied out) until asked for.
+* A message larger than a whole channel travels as its header alone, with the address of the
+  sender's buffer: the receiver copies or reduces it straight out of the sender's memory
+  (``cma.py``, when the kernel allows it) and then frees the slot, which completes the send. One
+  copy instead of two, and no back-and-forth over free slots.
 
-Nothing busy-waits: one process-shared semaphore per rank is its doorbell. Whoever changes a
-channel rings the other side's bell; a rank with nothing to do blocks on its own bell (with a
-timeout that turns a deadlock into a report of who waits for whom).
+Nothing busy-waits: one process-shared semaphore per rank is its doorbell. A rank about to sleep
+raises a flag on the channels it waits on and looks once more; whoever changes a flagged channel
+rings the bell, and nobody rings a rank that is busy (a wake-up costs far more than a message).
+Sleeps are timed, so a deadlock turns into a report of who waits for whom.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from collections import deque
 
 import numpy as np
 
-from minidist.runtime import shm
+from minidist.runtime import cma, shm
 from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted
 from minidist.runtime.shm import (
+    C_CMA,
     C_HEAD,
     C_NACK,
     C_NACK_OFF,
@@ -76,7 +82,7 @@ def fence() -> None:
 
 class SendOp:
     __slots__ = ("peer", "tag", "data", "nbytes", "dtype", "shape", "sig", "name", "off", "chunks",
-                 "written", "end_counter", "msg", "start", "end", "done", "error", "eager")
+                 "written", "end_counter", "msg", "start", "end", "done", "error", "eager", "addr")
 
     def __init__(self, peer, tag, data, nbytes, dtype, shape, sig, name):
         self.peer, self.tag, self.data, self.nbytes = peer, tag, data, nbytes
@@ -87,6 +93,7 @@ class SendOp:
         self.start = self.end = 0.0
         self.error = None
         self.eager = False
+        self.addr = 0  # where the receiver reads the bytes from (cma.py); 0: they go through the slots
 
     def describe(self) -> str:
         if self.tag >= 0:
@@ -128,6 +135,23 @@ class RecvOp:
                 self.ufunc(dst, chunk.view(self.flat.dtype), out=dst)
             self.off = off + k
 
+    def take_from(self, tp: Transport, pid: int, addr: int) -> None:
+        """Take the whole message straight from the sender's memory: one copy, or a reduction through
+        a small scratch buffer that stays in cache."""
+        n = self.nbytes
+        if self.ufunc is None:
+            tp.read_remote(self.peer, pid, addr, self.bview, n)
+        else:
+            dt, isz = self.flat.dtype, self.flat.itemsize
+            scratch = tp.scratch
+            step = scratch.size // isz * isz
+            for off in range(0, n, step):
+                k = min(step, n - off)
+                tp.read_remote(self.peer, pid, addr + off, scratch, k)
+                dst = self.flat[off // isz : (off + k) // isz]
+                self.ufunc(dst, scratch[:k].view(dt), out=dst)
+        self.off = n
+
 
 class _Stash:
     """A message nobody asked for yet (another tag was awaited): kept as private bytes."""
@@ -145,6 +169,10 @@ class _Stash:
         self.data[self.off : self.off + k] = chunk
         self.off += k
 
+    def take_from(self, tp, pid, addr):
+        tp.read_remote(self.peer, pid, addr, self.data, self.nbytes)
+        self.off = self.nbytes
+
 
 class _Discard(_Stash):
     """The rest of a refused message: its chunks are taken and dropped, keeping the channel in step."""
@@ -154,6 +182,9 @@ class _Discard(_Stash):
 
     def consume(self, chunk):
         self.off += chunk.size
+
+    def take_from(self, tp, pid, addr):
+        self.off = self.nbytes  # refused: nothing to read
 
 
 _DTYPES: dict[bytes, np.dtype] = {}  # header dtype field -> dtype
@@ -196,6 +227,45 @@ class Transport:
         self.failed: list = []  # ops whose error has not been raised yet
         self.coll = None  # (ranks, group key, seq, signature) of the collective in progress
         self.spin = spin_seconds(self.world)
+        # Cross-memory attach (cma.py) for messages larger than a whole channel: they could never be
+        # sent without the receiver draining them anyway, so reading them in place changes no schedule.
+        self.rendezvous_bytes = self.nslots * self.slot_bytes
+        self.cma_in = [0] * W  # per sender: 0 not probed yet, 1 we can read its memory, 2 we cannot
+        self.scratch = None
+        if cma.enabled():
+            self._probe_word = np.array([cma.MAGIC], np.int64)
+            w = board.rec[rank]
+            board.q[w + shm.R_PROBE] = self._probe_word.__array_interface__["data"][0]
+            board.q[w + shm.R_PID] = os.getpid()  # last: a pid says the probe word is in place
+            self.scratch = np.empty(1 << 20, np.uint8)
+            for p in range(W):  # peers that started before us; the others when their first message arrives
+                if p != rank:
+                    self._probe(p)
+        else:
+            self.cma_in = [2] * W
+
+    # -- cross-memory attach -------------------------------------------------------------------
+    def peer_pid(self, r: int) -> int:
+        return self.board.q[self.board.rec[r] + shm.R_PID]
+
+    def _probe(self, src: int) -> None:
+        """Find out once whether this rank may read ``src``'s memory, and tell ``src`` (C_CMA)."""
+        pid = self.peer_pid(src)
+        if not pid:
+            return  # src has not started yet
+        got = np.zeros(1, np.int64)
+        err = cma.read(pid, self.board.q[self.board.rec[src] + shm.R_PROBE], got.__array_interface__["data"][0], 8)
+        self.cma_in[src] = 1 if err is None and got[0] == cma.MAGIC else 2
+        self.in_ctrl[src][C_CMA] = self.cma_in[src]
+
+    def read_remote(self, src: int, pid: int, addr: int, into: np.ndarray, nbytes: int) -> None:
+        err = cma.read(pid, addr, into.__array_interface__["data"][0], nbytes)
+        if err is not None:
+            msg = self.board.aborted()
+            if msg is not None:
+                raise RankAborted(f"rank {self.rank} stopped because {msg}")
+            raise PeerExitedError(f"rank {self.rank} could not read the message of rank {src} from its memory "
+                                  f"({nbytes} bytes): {err}")
 
     def _ctrl(self, src, dst) -> memoryview:
         """The control words of channel src -> dst (a memoryview: cheap single-word access)."""
@@ -218,6 +288,9 @@ class Transport:
         flat = arr.reshape(-1)
         op = SendOp(dst, tag, flat.view(np.uint8), arr.nbytes, arr.dtype, arr.shape, sig, name)
         op.eager = eager
+        if op.nbytes > self.rendezvous_bytes and self.out_ctrl[dst][C_CMA] == 1:
+            op.addr = flat.__array_interface__["data"][0]
+            op.eager = False  # our buffer must outlive the receiver's read
         op.start, op.end = self.clock.message(dst, op.nbytes, ready)
         op.msg = self.msgs_out[dst]
         self.msgs_out[dst] += 1
@@ -270,9 +343,11 @@ class Transport:
                     shape = op.shape if len(op.shape) <= 8 else op.shape[:8]
                     sig = op.sig[:SIG_MAX]
                     HEADER.pack_into(self.mv, hoff, op.tag, op.nbytes, op.start, op.end, op.msg, len(op.shape),
-                                     *shape, *(0,) * (8 - len(shape)), op.dtype.str.encode(), len(sig))
+                                     *shape, *(0,) * (8 - len(shape)), op.dtype.str.encode(), len(sig), op.addr)
                     if sig:
                         self.mv[hoff + HEADER.size : hoff + HEADER.size + len(sig)] = sig
+                    if op.addr:
+                        op.off = op.nbytes  # the receiver reads the bytes from our memory
                 k = min(sb, op.nbytes - op.off)
                 if k:
                     payload[:k] = op.data[op.off : op.off + k]
@@ -317,6 +392,8 @@ class Transport:
                 q = self.recv_q.get(src)
                 if not q:
                     break  # nobody here wants a message from src yet: leave it in the channel
+                if not self.cma_in[src]:  # src has sent us something, so it has published its probe word
+                    self._probe(src)
                 hdr = HEADER.unpack_from(self.mv, hoff)
                 tag, siglen = hdr[0], hdr[15]
                 sig = bytes(self.mv[hoff + HEADER.size : hoff + HEADER.size + siglen]) if siglen else b""
@@ -336,8 +413,11 @@ class Transport:
                 else:
                     cur = _Stash(hdr, sig, src)
                 self.cur_in[src] = cur
-            k = min(self.slot_bytes, cur.nbytes - cur.off)
-            cur.consume(payload[:k])
+            if cur.hdr[16]:  # the sender left the bytes in its own memory: read them from there
+                cur.take_from(self, self.peer_pid(src), cur.hdr[16])
+            else:
+                k = min(self.slot_bytes, cur.nbytes - cur.off)
+                cur.consume(payload[:k])
             tail += 1
             moved = True
             if cur.off >= cur.nbytes:

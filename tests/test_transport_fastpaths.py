@@ -1,0 +1,141 @@
+"""The transport's fast paths keep every guarantee of the plain ones.
+
+* Messages larger than a channel are read in place from the sender's memory (cross-memory attach,
+  ``minidist/runtime/cma.py``) when the kernel allows it, else streamed through the slots: both give
+  the same bytes, reductions, tag matching and refusals.
+* Collectives whose every rank hears from every rank skip the board comparison after the data moved;
+  a disagreement must still raise on every rank.
+"""
+
+import numpy as np
+import pytest
+
+import minidist.dist as dist
+from minidist.runtime import cma, launch
+from minidist.runtime.context import current
+from minidist.runtime.errors import RankError
+from minidist.runtime.shm import default_layout
+
+BIG = 3 * default_layout(2).nslots * default_layout(2).slot_bytes // 8 + 5  # float64s: 3 channels and a bit
+
+
+def _can_attach() -> bool:
+    def f():
+        x = np.zeros(8, np.uint8)
+        if dist.get_rank() == 0:
+            dist.send(x, 1)
+            dist.recv(x, 1)
+            return None
+        dist.recv(x, 0)
+        dist.send(x, 0)
+        return current().transport.cma_in[0] == 1
+
+    return cma.enabled() and launch(f, 2)[1]
+
+
+def _exchange(n, tags):
+    """Both ranks send two big messages with different tags and receive them in the other order."""
+    r = dist.get_rank()
+    dist.barrier()  # a first message from the peer lets each rank probe whether it may read the peer's memory
+    xs = [np.arange(n, dtype=np.float64) * (r + 1) + t for t in tags]
+    ys = [np.empty(n, np.float64) for _ in tags]
+    sends = [dist.isend(x, 1 - r, tag=t) for x, t in zip(xs, tags)]
+    for y, t in reversed(list(zip(ys, tags))):
+        dist.recv(y, 1 - r, tag=t)
+    for w in sends:
+        w.wait()
+    direct = [op.addr != 0 for w in sends for op in w._ops]
+    ok = all(np.array_equal(y, np.arange(n, dtype=np.float64) * (2 - r) + t) for y, t in zip(ys, tags))
+    return ok, direct
+
+
+@pytest.mark.parametrize("attach,method", [("on", "fork"), ("on", "spawn"), ("off", "fork")])
+def test_big_messages_arrive_whole_with_and_without_attach(monkeypatch, attach, method):
+    if attach == "on" and not _can_attach():
+        pytest.skip("this system does not let one process read another's memory (process_vm_readv)")
+    if attach == "off":
+        monkeypatch.setenv("MINIDIST_CMA", "0")
+    for ok, direct in launch(_exchange, 2, args=(BIG, (3, 7)), start_method=method):
+        assert ok
+        assert direct == [attach == "on"] * 2  # the path we asked for was the one taken
+
+
+def _all_reduce(n, op):
+    r = dist.get_rank()
+    x = np.arange(n, dtype=np.float64) + r
+    dist.all_reduce(x, op=op, algorithm="ring")
+    return x
+
+
+@pytest.mark.parametrize("attach", ["on", "off"])
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_ring_all_reduce_of_chunks_larger_than_a_channel(monkeypatch, attach, op):
+    if attach == "on" and not _can_attach():
+        pytest.skip("process_vm_readv is not allowed here")
+    if attach == "off":
+        monkeypatch.setenv("MINIDIST_CMA", "0")
+    n = 2 * BIG  # two chunks of BIG float64s: the reduce-scatter step reduces through the scratch buffer
+    base = np.arange(n, dtype=np.float64)
+    want = 2 * base + 1 if op == "sum" else base + 1
+    for x in launch(_all_reduce, 2, args=(n, op)):
+        np.testing.assert_array_equal(x, want)
+
+
+def _refused(n):
+    r = dist.get_rank()
+    dist.barrier()  # probe first, so that the big message takes the in-place path if it can
+    if r == 0:
+        dist.send(np.zeros(n, np.float64), 1)
+    else:
+        dist.recv(np.zeros(n + 1, np.float64), 0)
+
+
+def test_a_big_message_that_does_not_fit_is_refused_on_both_sides():
+    with pytest.raises(RankError) as info:
+        launch(_refused, 2, args=(BIG,), timeout=20)
+    errors = info.value.errors
+    assert {errors[r][0] for r in (0, 1)} == {"MismatchError"}
+    assert all("does not fit" in errors[r][1] for r in (0, 1)), errors
+
+
+def _refuse_to_attach(n):
+    if dist.get_rank() == 1:
+        x = np.empty(n, np.float64)
+        dist.recv(x, 0)
+        return bool(np.array_equal(x, np.arange(n, dtype=np.float64)))
+    w = dist.isend(np.arange(n, dtype=np.float64), 1)
+    w.wait()
+    return w._ops[0].addr
+
+
+def test_ranks_that_may_not_attach_send_the_bytes_through_the_slots(monkeypatch):
+    # as under a strict ptrace policy: every probe fails, so no channel may use the in-place path
+    monkeypatch.setattr(cma, "read", lambda *a: "Operation not permitted")
+    assert launch(_refuse_to_attach, 2, args=(BIG,)).values == [0, True]
+
+
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier"])
+def test_disagreement_raises_on_every_rank_without_the_board_check(coll):
+    def f():
+        r = dist.get_rank()
+        n = 6 if r == 1 else 4
+        if coll == "all_reduce":
+            dist.all_reduce(np.zeros(n))
+        elif coll == "all_gather":
+            dist.all_gather_into_tensor(np.zeros(3 * n), np.zeros(n))
+        elif coll == "reduce_scatter":
+            dist.reduce_scatter_tensor(np.zeros(n), np.zeros(3 * n))
+        elif coll == "all_to_all":
+            dist.all_to_all_single(np.zeros((3, n)), np.zeros((3, n)))  # rows of n: the signature differs
+        elif r == 1:
+            dist.all_reduce(np.zeros(n))
+        else:
+            dist.barrier()
+
+    with pytest.raises(RankError) as info:
+        launch(f, 3, timeout=20)
+    errors = info.value.errors
+    assert set(errors) == {0, 1, 2}
+    for r, (name, msg, _) in errors.items():
+        assert name == "MismatchError", (r, name, msg)
+        assert "rank 1 called" in msg and "(6,)" in msg, msg
