@@ -17,10 +17,11 @@ Files: ``tensor.py`` (the data structure, dtype rules), ``engine.py`` (the trave
 gathered from ``softmax.py``, ``norms.py``, ``activations.py``, ``attention.py``,
 ``masking.py``, ``indexing.py``), ``function.py`` (custom ops), ``checkpoint.py``
 (recomputation), ``grad_mode.py`` (no_grad), ``random.py`` (dropout's default generator),
-``cost.py`` (FLOP/byte reporting).
+``cost.py`` (FLOP/byte reporting), ``allocator.py`` (keeps freed memory for the next array).
 """
 
 from minidist.autograd import cost, functional, ops  # noqa: F401  (ops attaches operators to Tensor)
+from minidist.autograd.allocator import keep_freed_memory
 from minidist.autograd.checkpoint import checkpoint
 from minidist.autograd.function import Function, FunctionCtx
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -29,3 +30,5 @@ from minidist.autograd.tensor import RemovableHandle, Tensor, as_tensor, tensor
 
 __all__ = ["Tensor", "tensor", "as_tensor", "no_grad", "enable_grad", "is_grad_enabled", "set_grad_enabled",
            "Function", "FunctionCtx", "checkpoint", "manual_seed", "functional", "cost", "RemovableHandle"]
+
+keep_freed_memory()
