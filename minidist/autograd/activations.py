@@ -8,13 +8,42 @@ import numpy as np
 
 from minidist.autograd import cost as _cost
 from minidist.autograd import ops
-from minidist.autograd.fused import record
+from minidist.autograd.fused import blockwise, record
 from minidist.autograd.ops import TRANSCENDENTAL
 from minidist.autograd.tensor import Tensor, as_tensor
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _GELU_A = 0.044715
 _erf = np.frompyfunc(math.erf, 1, 1)
+
+
+# The tanh form as in-place kernels on one block (see ``fused.blockwise``): every pass writes into
+# a buffer that already exists, and on a cache-sized block the next pass finds it in cache.
+def _gelu_tanh_forward(x: np.ndarray, t: np.ndarray, y: np.ndarray) -> None:
+    """t = tanh(c (x + a x^3)), y = x (1 + t) / 2."""
+    np.multiply(x, x, out=t)
+    t *= _GELU_A * _SQRT_2_OVER_PI
+    t += _SQRT_2_OVER_PI
+    t *= x
+    np.tanh(t, out=t)
+    np.add(t, 1, out=y)
+    y *= x
+    y *= 0.5
+
+
+def _gelu_tanh_backward(x: np.ndarray, t: np.ndarray, g: np.ndarray, d: np.ndarray) -> None:
+    """d = g * dy/dx, dy/dx = (1 + t)/2 + (1 - t^2) * c x (1 + 3 a x^2) / 2."""
+    np.multiply(t, t, out=d)
+    np.subtract(1, d, out=d)
+    w = x * x  # scratch of one block
+    w *= 1.5 * _GELU_A * _SQRT_2_OVER_PI
+    w += 0.5 * _SQRT_2_OVER_PI
+    w *= x
+    d *= w
+    np.multiply(t, 0.5, out=w)
+    d += w
+    d += 0.5
+    d *= g
 
 
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
@@ -25,16 +54,9 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
     x = as_tensor(x)
     xd = x.data
     if approximate == "tanh":
-        # t = tanh(c (x + a x^3)), y = x (1 + t) / 2; written in place: each pass over a large
-        # activation costs as much as the arithmetic
-        t = xd * xd
-        t *= _GELU_A * _SQRT_2_OVER_PI
-        t += _SQRT_2_OVER_PI
-        t *= xd
-        np.tanh(t, out=t)
-        y = t + 1
-        y *= xd
-        y *= 0.5
+        # the backward needs t = tanh(c (x + a x^3)); both are filled block by block
+        t, y = np.empty(xd.shape, xd.dtype), np.empty(xd.shape, xd.dtype)
+        blockwise(_gelu_tanh_forward, xd, t, y)
     elif approximate == "none":
         cdf = (0.5 * (1.0 + _erf(xd / math.sqrt(2.0)).astype(np.float64))).astype(xd.dtype)
         y = xd * cdf
@@ -47,20 +69,11 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
         if _cost._hook is not None:
             _cost.charge("gelu.backward", 10 * g.size, 3 * g.nbytes, g.dtype)
         if approximate == "tanh":
-            # dy/dx = (1 + t)/2 + (1 - t^2) * c x (1 + 3 a x^2) / 2
-            d = t * t
-            np.subtract(1, d, out=d)
-            w = xd * xd
-            w *= 1.5 * _GELU_A * _SQRT_2_OVER_PI
-            w += 0.5 * _SQRT_2_OVER_PI
-            w *= xd
-            d *= w
-            np.multiply(t, 0.5, out=w)
-            d += w
-            d += 0.5
+            d = np.empty(xd.shape, xd.dtype)
+            blockwise(_gelu_tanh_backward, xd, t, g, d)
         else:
             d = cdf + xd * (np.exp(-0.5 * xd * xd) / math.sqrt(2 * math.pi))
-        d *= g
+            d *= g
         return (d.astype(xd.dtype, copy=False),)
 
     return record(y, (x,), grads, "gelu")

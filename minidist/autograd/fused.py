@@ -4,6 +4,12 @@ A fused op computes its forward with numpy, keeps what its backward needs, and r
 node whose closure returns one gradient per input (``record``). The helpers here are shared by
 the fused ops in ``softmax.py``, ``norms.py``, ``activations.py``, ``attention.py``,
 ``masking.py`` and ``indexing.py``; ``functional.py`` gathers them under one name.
+
+``blockwise`` is the CPU's version of kernel fusion. A fused elementwise op in numpy is still
+several passes (one per ufunc call); run on a whole 4 MB activation, each pass streams it from
+memory again. Run on cache-sized blocks, the passes after the first read the block from L2
+instead. Every element sees the same operations in the same order, so the result is bitwise the
+same as one call on the whole array.
 """
 
 from __future__ import annotations
@@ -32,6 +38,25 @@ def record(out: np.ndarray, inputs: Sequence[Tensor | None], grads: Callable[[np
     if all(need):
         return _new(out, parents, grads, name)
     return _new(out, parents, lambda g: tuple(gr for gr, n in zip(grads(g), need) if n), name)
+
+
+#: Elements per block in ``blockwise``: the four or five float32 arrays of a kernel's block
+#: (256 KiB each) stay within one core's L2 cache.
+BLOCK = 65536
+
+
+def blockwise(kernel: Callable[..., None], *arrays: np.ndarray) -> None:
+    """Call ``kernel(*pieces)`` on aligned blocks of same-shape arrays (the kernel writes its outputs in place).
+
+    The blocks are slices of the flattened arrays, so all must be C-contiguous; otherwise (a
+    broadcast gradient, a transposed view) the kernel runs once on the whole arrays.
+    """
+    if not all(a.flags.c_contiguous for a in arrays):
+        kernel(*arrays)
+        return
+    flat = [a.reshape(-1) for a in arrays]
+    for i in range(0, flat[0].size, BLOCK):
+        kernel(*(f[i:i + BLOCK] for f in flat))
 
 
 def needs_grad(t: Tensor | None) -> bool:
