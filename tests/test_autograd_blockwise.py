@@ -57,3 +57,24 @@ def test_gelu_is_bitwise_independent_of_the_block_size(monkeypatch, dtype, layou
 def test_gelu_gradient_with_small_blocks(monkeypatch):
     monkeypatch.setattr(fused, "BLOCK", 3)
     gradcheck(F.gelu, md.tensor(rng.standard_normal((4, 5)) * 2, requires_grad=True))
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.1])
+def test_adamw_step_is_bitwise_independent_of_the_block_size(monkeypatch, decay):
+    from minidist.optim import adamw_update_
+
+    p0 = rng.standard_normal((37, 11)).astype(np.float32)
+    g = rng.standard_normal((37, 11)).astype(np.float32)
+    m0, v0 = rng.standard_normal((37, 11)).astype(np.float32), rng.random((37, 11)).astype(np.float32)
+
+    def steps():
+        p, m, v = p0.copy(), m0.copy(), v0.copy()
+        for t in (1, 2, 3):
+            adamw_update_(p, g, m, v, t, lr=1e-2, weight_decay=decay)
+        return p, m, v
+
+    whole = steps()
+    for block in (1, 5, 100):
+        monkeypatch.setattr(fused, "BLOCK", block)
+        for got, want in zip(steps(), whole):
+            np.testing.assert_array_equal(got, want)
