@@ -38,9 +38,25 @@ class Partial:
 
     def add_into(self, buf: np.ndarray) -> None:
         if self.add_at:
-            np.add.at(buf, self.index, self.value)
+            scatter_add(buf, self.index, self.value)
         else:
             buf[self.index] += self.value
+
+
+def scatter_add(buf: np.ndarray, index: Any, value: np.ndarray) -> None:
+    """``buf[index] += value`` where the indices may repeat (numpy's ``add.at``).
+
+    Rows picked by one integer array (an embedding lookup) are scattered element by element into
+    the flattened buffer instead: numpy's ``add.at`` is about three times faster on 1-D operands,
+    and every element still receives its contributions in the same order, so the sums are the same.
+    """
+    if (index.__class__ is np.ndarray and index.dtype.kind in "iu" and buf.ndim > 1 and buf.flags.c_contiguous
+            and value.shape == index.shape + buf.shape[1:]):
+        row = buf[0].size
+        flat = (index.reshape(-1, 1) * row + np.arange(row)).reshape(-1)
+        np.add.at(buf.reshape(-1), flat, value.reshape(-1))
+    else:
+        np.add.at(buf, index, value)
 
 
 class Slot:
