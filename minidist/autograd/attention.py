@@ -2,7 +2,8 @@
 
 The forward keeps the attention probabilities P; the backward is four matrix products and one
 softmax backward: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dP * P))``,
-``dQ = dS K * scale``, ``dK = dS^T Q * scale``.
+``dQ = dS K * scale``, ``dK = dS^T Q * scale``. The row sums need no pass over the scores:
+``rowsum(dP * P) = rowsum(dO * O)`` (FlashAttention's trick), since ``O = P V``.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
                          qd.nbytes + kd.nbytes + vd.nbytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
         gv = unbroadcast(np.swapaxes(p, -1, -2) @ g, vd.shape) if needs_grad(v) else None
         ds = g @ np.swapaxes(vd, -1, -2)
-        ds -= (ds * p).sum(axis=-1, keepdims=True)
-        ds *= p  # softmax backward: p * (dp - <dp, p>)
+        # softmax backward: ds = p * (dp - <dp, p>), and <dp, p> = sum_j (g . v_j) p_j = g . out,
+        # a dot product over dv per query instead of a pass over the (Tq, Tk) scores
+        ds -= np.vecdot(g, out)[..., None]
+        ds *= p
         gq = None
         if needs_grad(q):
             gq = ds @ kd
