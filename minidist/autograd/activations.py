@@ -21,27 +21,24 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 # a buffer that already exists, and on a cache-sized block the next pass finds it in cache.
 def _gelu_tanh(x: np.ndarray, y: np.ndarray, d: np.ndarray | None = None) -> None:
     """y = x (1 + t) / 2 with t = tanh(c (x + a x^3)); and, if asked, d = dy/dx."""
-    t = x * x  # scratch of one block
-    t *= _GELU_A * _SQRT_2_OVER_PI
+    x2 = x * x  # scratch of one block, like t
+    t = x2 * (_GELU_A * _SQRT_2_OVER_PI)
     t += _SQRT_2_OVER_PI
     t *= x
     np.tanh(t, out=t)
     np.add(t, 1, out=y)
+    if d is not None:
+        # dy/dx = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2 = (1 + t)/2 * (1 + (1 - t) x c (1 + 3 a x^2))
+        x2 *= 3 * _GELU_A * _SQRT_2_OVER_PI
+        x2 += _SQRT_2_OVER_PI
+        x2 *= x
+        np.subtract(1, t, out=d)
+        d *= x2
+        d += 1
+        d *= y
+        d *= 0.5
     y *= x
     y *= 0.5
-    if d is None:
-        return
-    # dy/dx = (1 + t)/2 + (1 - t^2) * c x (1 + 3 a x^2) / 2
-    np.multiply(t, t, out=d)
-    np.subtract(1, d, out=d)
-    w = x * x
-    w *= 1.5 * _GELU_A * _SQRT_2_OVER_PI
-    w += 0.5 * _SQRT_2_OVER_PI
-    w *= x
-    d *= w
-    np.multiply(t, 0.5, out=w)
-    d += w
-    d += 0.5
 
 
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
