@@ -17,7 +17,7 @@ import numpy as np
 from minidist.autograd import cost as _cost
 from minidist.autograd.fused import needs_grad, record, same_float
 from minidist.autograd.ops import TRANSCENDENTAL
-from minidist.autograd.tensor import Tensor, unbroadcast
+from minidist.autograd.tensor import Tensor, ones, unbroadcast
 
 
 @functools.lru_cache(maxsize=64)
@@ -59,9 +59,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         else:
             s = s + am.astype(s.dtype, copy=False)
     p = s
-    p -= p.max(axis=-1, keepdims=True)
+    # Row-wise reductions over Tk keys: fmax finds the same maximum as max (numpy's max loop is
+    # slower on short rows; a NaN score makes the row NaN either way) and the row sums are one
+    # matrix-vector product with ones.
+    p -= np.fmax.reduce(p, axis=-1, keepdims=True)
     np.exp(p, out=p)
-    p /= p.sum(axis=-1, keepdims=True)
+    p /= (p @ ones(tk, p.dtype))[..., None]
     try:
         out = p @ vd
     except ValueError:
