@@ -20,15 +20,16 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 # The tanh form as in-place kernels on one block (see ``fused.blockwise``): every pass writes into
 # a buffer that already exists, and on a cache-sized block the next pass finds it in cache.
 def _gelu_tanh(x: np.ndarray, y: np.ndarray, d: np.ndarray | None = None) -> None:
-    """y = x (1 + t) / 2 with t = tanh(c (x + a x^3)); and, if asked, d = dy/dx."""
+    """y = x h with h = (1 + t) / 2 and t = tanh(c (x + a x^3)); and, if asked, d = dy/dx."""
     x2 = x * x  # scratch of one block, like t
     t = x2 * (_GELU_A * _SQRT_2_OVER_PI)
     t += _SQRT_2_OVER_PI
     t *= x
     np.tanh(t, out=t)
-    np.add(t, 1, out=y)
+    np.multiply(t, 0.5, out=y)
+    y += 0.5  # h, exactly (1 + t) * 0.5 since halving is exact
     if d is not None:
-        # dy/dx = (1 + t)/2 + x (1 - t^2) c (1 + 3 a x^2) / 2 = (1 + t)/2 * (1 + (1 - t) x c (1 + 3 a x^2))
+        # dy/dx = h + x (1 - t^2) c (1 + 3 a x^2) / 2 = h (1 + (1 - t) x c (1 + 3 a x^2))
         x2 *= 3 * _GELU_A * _SQRT_2_OVER_PI
         x2 += _SQRT_2_OVER_PI
         x2 *= x
@@ -36,9 +37,7 @@ def _gelu_tanh(x: np.ndarray, y: np.ndarray, d: np.ndarray | None = None) -> Non
         d *= x2
         d += 1
         d *= y
-        d *= 0.5
     y *= x
-    y *= 0.5
 
 
 def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
