@@ -6,6 +6,7 @@ import pytest
 import minidist as md
 from minidist.autograd import functional as F
 from minidist.autograd.engine import scatter_add
+from tests.gradcheck import gradcheck
 
 rng = np.random.default_rng(5)
 
@@ -40,3 +41,28 @@ def test_embedding_gradient_counts_every_occurrence():
     want = np.zeros((5, 3))
     np.add.at(want, ids, g)
     np.testing.assert_array_equal(w.grad, want)
+
+
+@pytest.mark.parametrize("vecdot", [True, False])
+def test_rowdot_with_and_without_numpy_vecdot(monkeypatch, vecdot):
+    from minidist.autograd import fused
+
+    if not vecdot:
+        monkeypatch.setattr(fused, "_vecdot", None)  # numpy < 2: einsum
+    a, b = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 3, 5))
+    np.testing.assert_allclose(fused.rowdot(a, b), (a * b).sum(-1), rtol=1e-13)
+    x = md.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    w, bias = (md.tensor(rng.standard_normal(4), requires_grad=True) for _ in range(2))
+    gradcheck(F.layer_norm, x, w, bias)
+
+
+def test_unbroadcast_of_a_bias_is_the_sum_over_leading_axes():
+    from minidist.autograd.tensor import unbroadcast
+
+    g = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for shape in [(5,), (4, 5), (1, 5), (3, 1, 5)]:
+        want = g.sum(axis=tuple(range(g.ndim - len(shape))), keepdims=True)
+        want = want.sum(axis=tuple(i for i, n in enumerate(want.shape) if i >= g.ndim - len(shape) and
+                                   shape[i - (g.ndim - len(shape))] == 1), keepdims=True).reshape(shape)
+        np.testing.assert_allclose(unbroadcast(g, shape), want, rtol=1e-5, atol=1e-6)
+    assert unbroadcast(g.T, (2,)).shape == (2,)  # a non-contiguous gradient takes numpy's sum

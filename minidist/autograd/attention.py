@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from minidist.autograd import cost as _cost
-from minidist.autograd.fused import needs_grad, record, same_float
+from minidist.autograd.fused import needs_grad, record, rowdot, same_float
 from minidist.autograd.ops import TRANSCENDENTAL
 from minidist.autograd.tensor import Tensor, ones, unbroadcast
 
@@ -83,7 +83,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         ds = g @ np.swapaxes(vd, -1, -2)
         # softmax backward: ds = p * (dp - <dp, p>), and <dp, p> = sum_j (g . v_j) p_j = g . out,
         # a dot product over dv per query instead of a pass over the (Tq, Tk) scores
-        ds -= np.vecdot(g, out)[..., None]
+        ds -= rowdot(g, out)[..., None]
         ds *= p
         gq = None
         if needs_grad(q):

@@ -59,6 +59,16 @@ def blockwise(kernel: Callable[..., None], *arrays: np.ndarray) -> None:
         kernel(*(f[i:i + BLOCK] for f in flat))
 
 
+_vecdot = getattr(np, "vecdot", None)  # numpy >= 2
+
+
+def rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dot products along the last axis, ``sum(a * b, -1)`` without the temporary product."""
+    if _vecdot is not None:
+        return _vecdot(a, b)
+    return np.einsum("...i,...i->...", a, b)
+
+
 def needs_grad(t: Tensor | None) -> bool:
     return t is not None and t.requires_grad and _gm._enabled
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.autograd import cost as _cost
-from minidist.autograd.fused import needs_grad, record, same_float
+from minidist.autograd.fused import needs_grad, record, rowdot, same_float
 from minidist.autograd.tensor import Tensor, as_tensor, ones
 
 
@@ -23,9 +23,9 @@ def _check_affine(op: str, x: Tensor, p: Tensor | None, what: str) -> None:
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Normalise the last axis to zero mean and unit variance, then scale and shift.
 
-    Sums over the last axis are matrix-vector products (``x @ ones``, ``g @ w``) and sums of squares
-    row dot products (``np.vecdot``): on rows of a few hundred numbers one BLAS call is several
-    times faster than numpy's reduction loop, which restarts for every row.
+    Sums over the last axis are matrix-vector products (``x @ ones``, ``g @ w``): on rows of a few
+    hundred numbers one BLAS call is several times faster than numpy's reduction loop, which
+    restarts for every row. Sums of squares are row dot products (``fused.rowdot``).
     """
     weight = None if weight is None else as_tensor(weight)
     bias = None if bias is None else as_tensor(bias)
@@ -40,7 +40,7 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     mean = x2 @ ones(c, xd.dtype)
     mean /= c
     xhat = x2 - mean[:, None]
-    rstd = np.vecdot(xhat, xhat)
+    rstd = rowdot(xhat, xhat)
     rstd /= c
     rstd += eps
     np.sqrt(rstd, out=rstd)
