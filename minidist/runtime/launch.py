@@ -151,8 +151,14 @@ def _print_grouped(stdout: dict[int, str]) -> None:
 
 
 def _failure(errors: dict, order: list[int]) -> RankError:
-    """One error for the caller: the first real failure with its traceback, then every other rank's."""
-    real = [r for r in order if errors[r][0] != "RankAborted"] or order
+    """One error for the caller: the first real failure with its traceback, then every other rank's.
+
+    A rank that stopped only because a peer failed (aborted, or waiting on a peer that exited) is a
+    consequence, not the cause, so the root cause is reported first whatever order the ranks died in.
+    """
+    consequences = ("RankAborted", "PeerExitedError", "Terminated")
+    real = ([r for r in order if errors[r][0] not in consequences]
+            or [r for r in order if errors[r][0] != "RankAborted"] or order)
     first = real[0]
     name, msg, tb, exc = errors[first][:4]
     lines = [f"rank {first} failed with {name}: {msg}"]
