@@ -42,13 +42,17 @@ def _rec(xt: Tensor | None, yt: Tensor | None = None) -> bool:
 
 
 # ---------------------------------------------------------------------------- binary elementwise
-def _raise_if_broadcastable(xd: Any, yd: Any) -> None:
-    """Inside ``except ValueError``: re-raise numpy's own error unless the shapes are the problem."""
+def _broadcast_apply(name: str, fn: Callable, xd: Any, yd: Any) -> np.ndarray:
+    """``fn(xd, yd)``; when the shapes do not broadcast, an error that names the op and both shapes
+    (numpy's own ValueError is kept when the shapes are not the problem)."""
     try:
-        np.broadcast_shapes(np.shape(xd), np.shape(yd))
+        return fn(xd, yd)
     except ValueError:
-        return
-    raise
+        try:
+            np.broadcast_shapes(np.shape(xd), np.shape(yd))
+        except ValueError:
+            raise broadcast_error(name, xd, yd) from None
+        raise
 
 
 def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops_bwd: int = 2) -> Callable:
@@ -56,11 +60,7 @@ def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops
 
     def op(x: Any, y: Any) -> Tensor:
         xt, xd, yt, yd = operands(name, x, y)
-        try:
-            out = fwd(xd, yd)
-        except ValueError:
-            _raise_if_broadcastable(xd, yd)
-            raise broadcast_error(name, xd, yd) from None
+        out = _broadcast_apply(name, fwd, xd, yd)
         if _cost._hook is not None:
             _cost.charge(name, flops_fwd * out.size, _nb(xd) + _nb(yd) + out.nbytes, out.dtype)
         if not _rec(xt, yt):
@@ -116,11 +116,7 @@ pow = _binary("pow", np.power, _pow_grads, flops_fwd=TRANSCENDENTAL, flops_bwd=T
 def _cmp(name: str, fn: Callable) -> Callable:
     def op(x: Any, y: Any) -> Tensor:
         xt, xd, yt, yd = operands(name, x, y)
-        try:
-            out = fn(xd, yd)
-        except ValueError:
-            _raise_if_broadcastable(xd, yd)
-            raise broadcast_error(name, xd, yd) from None
+        out = _broadcast_apply(name, fn, xd, yd)
         if _cost._hook is not None:
             _cost.charge(name, out.size, _nb(xd) + _nb(yd) + out.nbytes, _dtype_of(xd, yd))
         return _const(out)
