@@ -110,9 +110,7 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
         if step == steps - 1:
             grads = strat.grad_state()
         pieces = strat.pieces()
-        opt.step(pieces)
-        moved = (7 if optimizer == "adamw" else 4) * sum(p.nbytes for p, _ in pieces)
-        dist.compute(bytes=moved, name="optimizer.step", dtype=model_config.dtype)
+        opt.step_on_device(pieces, model_config.dtype)
         strat.after_step(model)
         clock.join(clock.end())
         windows.append((t0, dist.now()))

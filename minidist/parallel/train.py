@@ -148,9 +148,7 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
         if host is not None:
             host.step(pieces)
         else:
-            opt.step(pieces)
-            moved = (7 if optimizer == "adamw" else 4) * sum(p.nbytes for p, _ in pieces)
-            dist.compute(bytes=moved, name="optimizer.step", dtype=model_config.dtype)
+            opt.step_on_device(pieces, model_config.dtype)
         strat.after_step(model)
         clock.join(clock.end())
         windows.append((t0, dist.now()))
