@@ -55,6 +55,20 @@ def _broadcast_apply(name: str, fn: Callable, xd: Any, yd: Any) -> np.ndarray:
         raise
 
 
+def _parents(xt: Tensor | None, yt: Tensor | None) -> tuple:
+    """The graph parents of a binary op: only its Tensor operands (a plain number or array is a constant)."""
+    return (xt,) if yt is None else (yt,) if xt is None else (xt, yt)
+
+
+def _for_parents(xt: Tensor | None, yt: Tensor | None, gx, gy) -> tuple:
+    """A binary op's gradients, one per parent listed by ``_parents``."""
+    if xt is None:
+        return (gy,)
+    if yt is None:
+        return (gx,)
+    return gx, gy
+
+
 def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops_bwd: int = 2) -> Callable:
     """Build a broadcasting binary op from its forward and ``grads(g, x, y, out, need_x, need_y)``."""
 
@@ -76,14 +90,9 @@ def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops
             gx, gy = grads(g, xd, yd, out, need_x, need_y)
             gx = unbroadcast(gx, xs) if need_x else None
             gy = unbroadcast(gy, ys) if need_y else None
-            if xt is None:
-                return (gy,)
-            if yt is None:
-                return (gx,)
-            return gx, gy
+            return _for_parents(xt, yt, gx, gy)
 
-        parents = (xt,) if yt is None else (yt,) if xt is None else (xt, yt)
-        return _new(out, parents, backward, name)
+        return _new(out, _parents(xt, yt), backward, name)
 
     op.__name__ = name
     return op
@@ -249,14 +258,9 @@ def matmul(x: Any, y: Any) -> Tensor:
             else:
                 gy = unbroadcast(np.swapaxes(x2, -1, -2) @ g2, y2.shape)
             gy = gy.reshape(yd.shape)
-        if xt is None:
-            return (gy,)
-        if yt is None:
-            return (gx,)
-        return gx, gy
+        return _for_parents(xt, yt, gx, gy)
 
-    parents = (xt,) if yt is None else (yt,) if xt is None else (xt, yt)
-    return _new(out, parents, backward, "matmul")
+    return _new(out, _parents(xt, yt), backward, "matmul")
 
 
 
