@@ -1,0 +1,111 @@
+"""Run a lab notebook top to bottom in a fresh kernel, the way ``make test`` runs it.
+
+The environment is the course's everywhere: one BLAS thread per process (faster with several ranks
+on few cores, and the same summation order as the saved outputs) and the notebook's own folder as the
+working directory; figures are drawn inline as in JupyterLab. Execution goes on after a failing cell,
+so a caller sees every cell's result.
+
+Authors refresh a solution notebook's saved outputs with::
+
+    python -m minidist.labs.execute --save solutions/04_scaling_laws.ipynb
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+SERIAL_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+CELL_TIMEOUT_S = 600
+
+
+def course_env() -> dict[str, str]:
+    """This process's environment with the course's settings (one BLAS thread per process)."""
+    env = dict(os.environ, **SERIAL_ENV)
+    env.pop("MPLBACKEND", None)  # the kernel's inline backend keeps the figures in the saved notebook
+    return env
+
+
+def run_notebook(path: Path, timeout: float = CELL_TIMEOUT_S):
+    """Execute every code cell of ``path`` in a new kernel; return the executed ``nbformat`` notebook.
+
+    A cell that raises keeps its error output and execution continues with the next cell.
+    """
+    try:
+        import nbclient
+        import nbformat
+    except ImportError as e:  # pragma: no cover - both come with jupyterlab
+        raise RuntimeError(f"running a notebook needs nbclient and nbformat (installed with jupyterlab): {e}") from e
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+                                     record_timing=False,
+                                     resources={"metadata": {"path": str(path.resolve().parent)}})
+    client.km = client.create_kernel_manager()
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)  # timestamps of an earlier run: noise in a diff
+    try:
+        client.start_new_kernel(env=course_env())
+        client.start_new_kernel_client()
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                client.execute_cell(cell, i)
+    finally:
+        client._cleanup_kernel()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = _coalesce_streams(cell.outputs)
+    return nb
+
+
+def _coalesce_streams(outputs: list) -> list:
+    """Join consecutive prints to the same stream into one output, as JupyterLab saves them."""
+    merged = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] += out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
+def errors(nb) -> list[tuple[int, str, str]]:
+    """(cell index, exception name, message) of every cell that raised."""
+    found = []
+    for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if out.get("output_type") == "error":
+                found.append((i, out.get("ename", "?"), out.get("evalue", "")))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("notebooks", nargs="+", type=Path)
+    ap.add_argument("--save", action="store_true", help="write the outputs back into the notebook")
+    args = ap.parse_args(argv)
+    import nbformat
+
+    status = 0
+    for path in args.notebooks:
+        nb = run_notebook(path)
+        failed = errors(nb)
+        for i, ename, evalue in failed:
+            print(f"{path}: cell {i} raised {ename}: {evalue.splitlines()[0] if evalue else ''}")
+        if failed:
+            status = 1
+            print(f"{path}: not saved (a cell failed)" if args.save else f"{path}: {len(failed)} cell(s) failed")
+        elif args.save:
+            nbformat.write(nb, path)
+            print(f"{path}: saved")
+        else:
+            print(f"{path}: ran to the end")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
