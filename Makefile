@@ -9,14 +9,16 @@ SERIAL := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
-.PHONY: help venv lab test test-fast bench labs labs-check lint clean
+.PHONY: help venv lab check test test-fast test-portability bench labs labs-check lint clean
 
 help:
 	@echo "make lab        create .venv, install minidist, open JupyterLab on labs/"
+	@echo "make check LAB=08  run your labs/08_*.ipynb and say which exercises are done"
 	@echo "make test       create/refresh .venv and run every test, nbval over solutions/ included"
 	@echo "make bench      benchmarks (collectives vs MPICH, autograd vs PyTorch, estimator calibration)"
 	@echo "make labs       regenerate labs/ from solutions/"
 	@echo "make labs-check fail if labs/ is out of date with solutions/"
+	@echo "make test-portability  nbval under other BLAS kernels and SIMD levels (maintainers, by hand)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,7 +33,12 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_ARGS) labs/
+	$(SERIAL) $(BIN)/jupyter lab $(ROOT_FLAG) $(LAB_ARGS) labs/
+
+LAB ?=
+check: $(STAMP)
+	@if [ -z "$(LAB)" ]; then echo "usage: make check LAB=08   (the number of a lab in labs/)"; exit 2; fi
+	@$(SERIAL) $(BIN)/python -m minidist.labs.progress $(LAB)
 
 lint: $(STAMP)
 	$(BIN)/ruff check minidist tests
@@ -53,6 +60,16 @@ test: $(STAMP) lint labs-check
 
 test-fast: $(STAMP)
 	$(SERIAL) $(BIN)/python -m pytest -q -x tests
+
+# Saved outputs must not depend on the CPU. This reruns nbval as if on other machines: other OpenBLAS
+# kernels, and numpy without its AVX-512/AVX2 loops. Slow (one full nbval run per setting); not in CI.
+PORTABILITY := "OPENBLAS_CORETYPE=Haswell" "OPENBLAS_CORETYPE=Zen" "OPENBLAS_CORETYPE=Sandybridge" \
+  "OPENBLAS_CORETYPE=Haswell NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL" \
+  "OPENBLAS_CORETYPE=Sandybridge NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL,X86_V3"
+test-portability: $(STAMP)
+	@status=0; for setting in $(PORTABILITY); do echo "== $$setting"; \
+	  out=$$(env $(SERIAL) $$setting $(BIN)/python -m pytest -q --nbval --nbval-current-env solutions/ 2>&1) \
+	    || status=1; echo "$$out" | grep -E "^FAILED|passed|failed"; done; exit $$status
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'

@@ -58,3 +58,30 @@ def test_check_detects_stale_and_orphan_labs(tmp_path):
 
 def test_repository_labs_are_up_to_date():
     assert build(ROOT, check=True) == [], "labs/ is stale: run `make labs`"
+
+
+def test_check_accepts_a_learners_answers_but_not_a_stale_commit(tmp_path):
+    """Learners answer in labs/: their edits must not fail `make test`; a solution changed without
+    `make labs` must, whether or not the stale lab is committed."""
+    git = pytest.importorskip("shutil").which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    import subprocess
+
+    def run(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "solutions").mkdir()
+    cell = {"cell_type": "code", "source": "### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "outputs": [],
+            "execution_count": None, "metadata": {}}
+    (tmp_path / "solutions" / "00_a.ipynb").write_text(json.dumps(_nb(cell)))
+    build(tmp_path)
+    run("init", "-q")
+    run("add", ".")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "lab")
+    lab = tmp_path / "labs" / "00_a.ipynb"
+    lab.write_text(lab.read_text().replace("raise NotImplementedError  # your code here", "x = 1"))
+    assert build(tmp_path, check=True) == []  # the learner's answer, uncommitted
+    cell["source"] = "### BEGIN SOLUTION\nx = 2\n### END SOLUTION\ny = 3\n"
+    (tmp_path / "solutions" / "00_a.ipynb").write_text(json.dumps(_nb(cell)))
+    assert build(tmp_path, check=True) == ["00_a.ipynb"]  # the solution moved on, labs/ did not

@@ -21,6 +21,7 @@ from minidist.labs.expert_checks import (
     check_dispatch_splits,
     check_top_k_routing,
 )
+from minidist.labs.notebook import install as _install_notebook_errors
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
 from minidist.labs.recompute_checks import check_best_interval, check_checkpointed_bytes, check_overlap_tokens
 from minidist.labs.ring_checks import check_collective_times, check_ring_all_reduce, check_ring_tree_crossover
@@ -45,5 +46,7 @@ from minidist.labs.topology_checks import (
     check_two_level_times,
 )
 from minidist.labs.zero_checks import check_min_gpus, check_model_state_bytes, check_zero_comm_bytes
+
+_install_notebook_errors()  # in a notebook: check messages without the check's source, one line per stub
 
 __all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]

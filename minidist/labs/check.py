@@ -15,6 +15,12 @@ from collections.abc import Callable, Iterable
 class CheckFailed(AssertionError):
     """The learner's answer is wrong; the message says where and hints at why."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows: the message and the learner's frames, never the check's source."""
+        from minidist.labs.notebook import render_check_failure
+
+        return render_check_failure(self)
+
 
 def fail(what: str, expected, got, hint: str = "") -> None:
     msg = f"{what}\n  expected: {expected!r}\n  got:      {got!r}"

@@ -1,0 +1,122 @@
+"""How errors read in a lab notebook: the message that helps, never the check's own source.
+
+IPython prints a traceback with the source around every frame. For a failing lab check those lines are
+the check itself (its hints for other mistakes, the reference computation: the answer), and for a cell
+that fails only because an exercise above it is unfinished they are a riddle (``KeyError: 7``). So, in
+an IPython shell (a Jupyter kernel or the terminal):
+
+- a :class:`CheckFailed` shows its message, then only the learner's own frames if their code raised
+  inside the check (``CheckFailed._render_traceback_``, IPython's protocol for this);
+- an exercise stub (``raise NotImplementedError  # your code here``) shows one line naming the exercise;
+- while an exercise is unfinished, a later cell that fails shows one line naming the exercise to finish
+  first, with the original error in brackets. Every other error shows IPython's usual traceback.
+
+An exercise counts as finished again once the cell that failed, or a cell defining its function, runs
+without error.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import sys
+import traceback
+from pathlib import Path
+
+STUB = "# your code here"
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
+
+# exercise name -> key of the cell where it was found unfinished, in the order they were found
+_unfinished: dict[str, str] = {}
+_cell = {"key": "", "source": "", "count": None}
+
+
+def learner_frames(exc: BaseException | None) -> list[str]:
+    """The formatted traceback frames of ``exc`` that are not minidist's own (the learner's code)."""
+    if exc is None or exc.__traceback__ is None:
+        return []
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE)]
+    return traceback.format_list(frames)
+
+
+def render_check_failure(exc: BaseException) -> list[str]:
+    """The lines a notebook shows for a failing check: its message and the learner's own frames."""
+    name = type(exc).__name__
+    lines = f"{_RED}{name}{_RESET}: {exc}".splitlines()
+    frames = learner_frames(exc.__cause__)
+    if frames:
+        lines += ["", f"where your code raised {type(exc.__cause__).__name__}:"]
+        lines += [line.rstrip("\n") for frame in frames for line in frame.splitlines()]
+    return lines
+
+
+def stub_exercise(etype: type, tb) -> str | None:
+    """The exercise whose stub raised, if this NotImplementedError came from ``# your code here``."""
+    if not issubclass(etype, NotImplementedError) or tb is None:
+        return None
+    last = traceback.extract_tb(tb)[-1]
+    line = last.line or linecache.getline(last.filename, last.lineno)
+    if STUB not in line:
+        return None
+    return f"`{last.name}`" if last.name != "<module>" else _this_cell()
+
+
+def _this_cell() -> str:
+    return f"the exercise in cell [{_cell['count']}]" if _cell["count"] is not None else "the exercise in this cell"
+
+
+def _finished(source: str, key: str) -> None:
+    for name, where in list(_unfinished.items()):
+        defined = name.startswith("`") and re.search(rf"^\s*def\s+{re.escape(name.strip('`'))}\s*\(", source, re.M)
+        if where == key or defined:
+            del _unfinished[name]
+
+
+def _pre_run_cell(info) -> None:
+    _cell["source"] = getattr(info, "raw_cell", "") or ""
+    _cell["key"] = getattr(info, "cell_id", None) or _cell["source"].strip().split("\n", 1)[0]
+
+
+def _post_run_cell(result) -> None:
+    if result.success:
+        _finished(_cell["source"], _cell["key"])
+
+
+def _handler(shell, etype, value, tb, tb_offset=None):
+    from minidist.labs.check import CheckFailed
+
+    count = getattr(shell, "execution_count", None)
+    _cell["count"] = count - 1 if isinstance(count, int) else None  # IPython counts a cell before running it
+    exercise = stub_exercise(etype, tb)
+    if exercise is not None:
+        _unfinished[exercise] = _cell["key"]
+        stb = [f"{_RED}{etype.__name__}{_RESET}: {exercise} is not done yet: "
+               f"replace `raise NotImplementedError  {STUB}` with your code"]
+    elif isinstance(value, CheckFailed):
+        defined = re.findall(r"^def\s+(\w+)\s*\(", _cell["source"], re.M)
+        _unfinished.setdefault(f"`{defined[0]}`" if defined else _this_cell(), _cell["key"])
+        stb = value._render_traceback_()
+    else:
+        pending = [name for name, where in _unfinished.items() if where != _cell["key"]]
+        if not pending:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+            return None
+        stb = [f"{_RED}Finish {pending[0]} first{_RESET}: this cell depends on it "
+               f"({etype.__name__}: {value})"]
+    shell._showtraceback(etype, value, stb)
+    return None
+
+
+def install(shell=None) -> bool:
+    """Use these renderings in ``shell`` (default: the running IPython, if any); True if installed."""
+    if shell is None:
+        ipython = sys.modules.get("IPython")  # not imported: not running in an IPython shell
+        shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "_minidist_labs_errors", False):
+        return shell is not None
+    shell.set_custom_exc((Exception,), _handler)
+    shell.events.register("pre_run_cell", _pre_run_cell)
+    shell.events.register("post_run_cell", _post_run_cell)
+    shell._minidist_labs_errors = True
+    return True

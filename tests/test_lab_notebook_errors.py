@@ -1,0 +1,116 @@
+"""Errors in a lab notebook read as a message, never as the check's source (run in a real Jupyter kernel).
+
+IPython prints source lines around every frame of a traceback; for a failing ``md.labs.check_*`` those
+lines would show the reference computation and the hints for other mistakes. These tests run small
+notebooks in a kernel, as JupyterLab does, and read the error each cell displays.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
+
+from minidist.labs.execute import run_notebook  # noqa: E402
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def displayed(nb) -> list[str | None]:
+    """What each code cell shows as its error (the traceback lines joined), or None if it ran."""
+    shown = []
+    for cell in nb.cells:
+        errs = [o for o in cell.outputs if o.get("output_type") == "error"]
+        shown.append(ANSI.sub("", "\n".join(errs[0]["traceback"])) if errs else None)
+    return shown
+
+
+def run_cells(tmp_path_factory, cells: list[str]):
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[v4.new_code_cell(c) for c in cells])
+    path = tmp_path_factory.mktemp("nb") / "errors.ipynb"
+    nbformat.write(nb, path)
+    ran = run_notebook(path, timeout=120)
+    return ran, displayed(ran)
+
+
+@pytest.fixture(scope="module")
+def check_run(tmp_path_factory):
+    return run_cells(tmp_path_factory, [
+        "import minidist as md",
+        # 1: a wrong answer: the check fails with its message
+        "def intensity(m, n, k, b):\n    return m * n * k / (b * (m * k + k * n + m * n))\n\n"
+        "md.labs.check_matmul_intensity(intensity)",
+        # 2: the learner's own code crashes inside the check
+        "def crashing(m, n, k, b):\n    return undefined_name * 2\n\nmd.labs.check_matmul_intensity(crashing)",
+        # 3: a cell failing after the failed checks names the first of them
+        "print(undefined_result)",
+    ])
+
+
+@pytest.fixture(scope="module")
+def lab_run(tmp_path_factory):
+    return run_cells(tmp_path_factory, [
+        "import minidist as md",
+        "pass",
+        "pass",
+        # 3: an exercise stub, defined and called in one cell
+        "def fit(x):\n    raise NotImplementedError  # your code here\n\n\nPSI = fit(3)",
+        # 4: a later cell needing the unfinished exercise
+        "print(PSI + 1)",
+        # 5: an unrelated cell still runs
+        "print('independent cell')",
+        # 6: the exercise, now done
+        "def fit(x):\n    return 2 * x\n\n\nPSI = fit(3)",
+        # 7: the dependent cell works now, and an ordinary error shows IPython's usual traceback
+        "print(PSI + 1)\n{}['missing']",
+    ])
+
+
+def test_a_failing_check_shows_its_message_and_not_its_source(check_run):
+    _, shown = check_run
+    text = shown[1]
+    assert text.startswith("CheckFailed: matmul_intensity(1024, 1024, 1024, 2) is wrong")
+    assert "off by a factor of 2" in text  # the hint for this mistake
+    for source_line in ("def ref(m, n, k, b)", "2 * m * n * k", "check_cases(", "def diagnose",
+                        "intensity is FLOP per *byte*", "roofline_checks.py"):
+        assert source_line not in text, f"the check's source leaked into the notebook: {source_line!r}\n{text}"
+    assert len(text.splitlines()) <= 4
+
+
+def test_a_crash_in_the_learners_code_shows_their_frame_only(check_run):
+    _, shown = check_run
+    text = shown[2]
+    assert "NameError: name 'undefined_name' is not defined" in text
+    assert "return undefined_name * 2" in text  # the learner's line, so they can find it
+    assert "minidist/labs" not in text and "check_cases" not in text
+
+
+def test_a_failed_check_is_an_unfinished_exercise(check_run):
+    _, shown = check_run
+    assert shown[3] == ("Finish `intensity` first: this cell depends on it "
+                        "(NameError: name 'undefined_result' is not defined)")
+
+
+def test_a_stub_says_which_exercise_in_one_line(lab_run):
+    ran, shown = lab_run
+    assert shown[3] == ("NotImplementedError: `fit` is not done yet: replace "
+                        "`raise NotImplementedError  # your code here` with your code")
+    assert ran.cells[3].outputs[-1]["ename"] == "NotImplementedError"
+
+
+def test_a_cell_after_an_unfinished_exercise_names_it(lab_run):
+    ran, shown = lab_run
+    assert shown[4] == "Finish `fit` first: this cell depends on it (NameError: name 'PSI' is not defined)"
+    assert shown[5] is None and "independent cell" in ran.cells[5].outputs[0]["text"]
+
+
+def test_once_done_the_dependent_cell_runs_and_other_errors_are_untouched(lab_run):
+    ran, shown = lab_run
+    assert shown[6] is None
+    assert ran.cells[7].outputs[0]["text"] == "7\n"
+    assert "KeyError" in shown[7] and "Finish" not in shown[7]
+    assert "Traceback" in shown[7] or "----> 2" in shown[7]  # IPython's usual rendering, with the source
