@@ -46,7 +46,7 @@ def check_run(tmp_path_factory):
         "md.labs.check_matmul_intensity(intensity)",
         # 2: the learner's own code crashes inside the check
         "def crashing(m, n, k, b):\n    return undefined_name * 2\n\nmd.labs.check_matmul_intensity(crashing)",
-        # 3: a cell failing after the failed checks names the first of them
+        # 3: a cell failing after the failed checks names one of them
         "print(undefined_result)",
     ])
 
@@ -91,7 +91,8 @@ def test_a_crash_in_the_learners_code_shows_their_frame_only(check_run):
 
 def test_a_failed_check_is_an_unfinished_exercise(check_run):
     _, shown = check_run
-    assert shown[3] == ("Finish `intensity` first: this cell depends on it "
+    # nothing names the missing value's source, so the latest unfinished exercise is blamed
+    assert shown[3] == ("Finish `crashing` first: this cell depends on it "
                         "(NameError: name 'undefined_result' is not defined)")
 
 
@@ -114,3 +115,18 @@ def test_once_done_the_dependent_cell_runs_and_other_errors_are_untouched(lab_ru
     assert ran.cells[7].outputs[0]["text"] == "7\n"
     assert "KeyError" in shown[7] and "Finish" not in shown[7]
     assert "Traceback" in shown[7] or "----> 2" in shown[7]  # IPython's usual rendering, with the source
+
+
+def test_the_blamed_exercise_is_the_one_that_would_define_the_missing_name(monkeypatch):
+    from minidist.labs import notebook
+
+    monkeypatch.setattr(notebook, "_unfinished", {
+        "`approx_params`": ("c3", "def approx_params(d):\n    raise NotImplementedError\n\nPSI = approx_params(4)"),
+        "`bucketed_time`": ("c9", "def bucketed_time(n):\n    raise NotImplementedError"),
+    })
+    monkeypatch.setattr(notebook, "_cell", {"key": "c11", "source": "", "count": 11})
+    assert notebook.blocking_exercise(NameError("name 'PSI' is not defined", name="PSI")) == "`approx_params`"
+    assert notebook.blocking_exercise(NameError("name 'bucketed_time'", name="bucketed_time")) == "`bucketed_time`"
+    assert notebook.blocking_exercise(KeyError(7)) == "`bucketed_time`"  # the latest failure
+    monkeypatch.setattr(notebook, "_unfinished", {})
+    assert notebook.blocking_exercise(KeyError(7)) is None

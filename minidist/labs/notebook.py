@@ -27,8 +27,8 @@ STUB = "# your code here"
 _PACKAGE = str(Path(__file__).resolve().parents[1])
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
-# exercise name -> key of the cell where it was found unfinished, in the order they were found
-_unfinished: dict[str, str] = {}
+# exercise name -> (key, source) of the cell where it last failed; the most recent failure last
+_unfinished: dict[str, tuple[str, str]] = {}
 _cell = {"key": "", "source": "", "count": None}
 
 
@@ -67,10 +67,33 @@ def _this_cell() -> str:
 
 
 def _finished(source: str, key: str) -> None:
-    for name, where in list(_unfinished.items()):
+    for name, (where, _) in list(_unfinished.items()):
         defined = name.startswith("`") and re.search(rf"^\s*def\s+{re.escape(name.strip('`'))}\s*\(", source, re.M)
         if where == key or defined:
             del _unfinished[name]
+
+
+def _record(exercise: str) -> None:
+    _unfinished.pop(exercise, None)  # re-inserted last: the most recent failure
+    _unfinished[exercise] = (_cell["key"], _cell["source"])
+
+
+def blocking_exercise(error: BaseException) -> str | None:
+    """The unfinished exercise a failing cell most likely waits for, or None if none is unfinished.
+
+    A missing name points at the exercise whose cell would have assigned it; anything else (a missing
+    key, a wrong shape) at the exercise that failed last, since cells use what was computed just above.
+    """
+    pending = [(name, src) for name, (where, src) in _unfinished.items() if where != _cell["key"]]
+    if not pending:
+        return None
+    if isinstance(error, NameError) and getattr(error, "name", None):
+        target = re.compile(rf"^[^#\n=]*\b{re.escape(error.name)}\b[^=\n]*=(?!=)|^\s*def\s+{re.escape(error.name)}\b",
+                            re.M)
+        for name, src in pending:
+            if target.search(src):
+                return name
+    return pending[-1][0]
 
 
 def _pre_run_cell(info) -> None:
@@ -90,19 +113,19 @@ def _handler(shell, etype, value, tb, tb_offset=None):
     _cell["count"] = count - 1 if isinstance(count, int) else None  # IPython counts a cell before running it
     exercise = stub_exercise(etype, tb)
     if exercise is not None:
-        _unfinished[exercise] = _cell["key"]
+        _record(exercise)
         stb = [f"{_RED}{etype.__name__}{_RESET}: {exercise} is not done yet: "
                f"replace `raise NotImplementedError  {STUB}` with your code"]
     elif isinstance(value, CheckFailed):
         defined = re.findall(r"^def\s+(\w+)\s*\(", _cell["source"], re.M)
-        _unfinished.setdefault(f"`{defined[0]}`" if defined else _this_cell(), _cell["key"])
+        _record(f"`{defined[0]}`" if defined else _this_cell())
         stb = value._render_traceback_()
     else:
-        pending = [name for name, where in _unfinished.items() if where != _cell["key"]]
-        if not pending:
+        culprit = blocking_exercise(value)
+        if culprit is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
             return None
-        stb = [f"{_RED}Finish {pending[0]} first{_RESET}: this cell depends on it "
+        stb = [f"{_RED}Finish {culprit} first{_RESET}: this cell depends on it "
                f"({etype.__name__}: {value})"]
     shell._showtraceback(etype, value, stb)
     return None
