@@ -93,6 +93,20 @@ def available(collective: str) -> list[str]:
     return sorted(ALGORITHMS[collective])
 
 
+def offered(collective: str, algorithm: str | None) -> str | None:
+    """``algorithm`` if ``collective`` has it, else None (the runtime's own choice).
+
+    A training layout names one algorithm for all its collectives, as NCCL_ALGO does: the gradient
+    all-reduce takes it, and a broadcast or all-to-all that has no such algorithm keeps the default.
+    """
+    return algorithm if algorithm in ALGORITHMS[collective] else None
+
+
+def known_algorithms() -> list[str]:
+    """Every algorithm some collective offers."""
+    return sorted({name for table in ALGORITHMS.values() for name in table})
+
+
 def crossover_bytes(p: int, alpha: float, beta: float) -> float:
     """Buffer size above which the ring all-reduce beats the binomial tree on ``p`` ranks (chapter 12):
     n* = alpha beta (2(p-1) - 2 lg p) / (2 lg p - 2(p-1)/p); 0 for p <= 2, where they coincide.

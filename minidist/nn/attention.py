@@ -8,6 +8,11 @@ matrices by n_heads / n_kv_heads (book ch. 31a).
 The four projections are separate Linears (wq, wk, wv, wo) whose columns are grouped by head, so
 tensor parallelism (lab 09) can hand each rank whole heads: a contiguous block of columns of wq,
 wk, wv and the matching block of rows of wo.
+
+Between the projections, ``self.core(q, k, v)`` computes softmax(q k^T / sqrt(hd)) v over the
+causal mask, with q as (B, H, T, hd) and k, v as (B, G, T, hd). It is the one replaceable piece:
+context parallelism installs ring or Ulysses attention there, selective recomputation wraps
+whatever core is installed in a checkpoint, and the projections around it never change.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ def repeat_kv(x, n_rep: int):
     return F.cat([x] * n_rep, 2).reshape(B, G * n_rep, T, hd)
 
 
+def causal_attention(q, k, v):
+    """The default core: exact causal attention, each kv head serving its group of query heads."""
+    n_rep = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+
+
 class CausalSelfAttention(Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, bias: bool = True, *,
                  rng: np.random.Generator | int | None = None, init_std: float | None = None,
@@ -45,6 +56,7 @@ class CausalSelfAttention(Module):
         self.wk = Linear(d_model, kv_dim, bias, rng=rng, init_std=init_std, dtype=dtype)
         self.wv = Linear(d_model, kv_dim, bias, rng=rng, init_std=init_std, dtype=dtype)
         self.wo = Linear(d_model, d_model, bias, rng=rng, init_std=out_std, dtype=dtype)
+        self.core = causal_attention
 
     def forward(self, x):
         if x.ndim != 3:
@@ -55,8 +67,7 @@ class CausalSelfAttention(Module):
         q = self.wq(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)  # (B, H, T, hd)
         k = self.wk(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)  # (B, G, T, hd)
         v = self.wv(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
-        n_rep = q.shape[1] // k.shape[1]
-        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+        y = self.core(q, k, v)
         y = y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd)
         return self.wo(y)
 

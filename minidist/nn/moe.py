@@ -184,3 +184,16 @@ def aux_loss(model: Module):
     """The sum of the auxiliary losses of every MoE layer in ``model`` after its last forward (or None)."""
     losses = [m.aux_loss for m in model.modules() if isinstance(m, MoE) and m.aux_loss is not None]
     return sum(losses[1:], losses[0]) if losses else None
+
+
+def idle_expert_params(model: Module) -> set[str]:
+    """Names of the parameters of every expert that no kept assignment reached in the last forward.
+
+    Routing statistics cover the whole batch (under expert parallelism too), so every rank gets the
+    same answer. Such an expert is not in the graph: its parameters get no gradient, and an optimizer
+    leaves them alone (torch's rule for ``grad is None``), whatever the layout.
+    """
+    prefixes = tuple(f"{path}.experts.{int(e)}." if path else f"experts.{int(e)}."
+                     for path, m in model.named_modules() if isinstance(m, MoE) and "kept" in m.stats
+                     for e in np.flatnonzero(np.asarray(m.stats["kept"]) == 0))
+    return {name for name, _ in model.named_parameters() if prefixes and name.startswith(prefixes)}

@@ -14,11 +14,27 @@ checkpoint per layer); an int ``k`` keeps one input per segment of ``k`` layers,
 (L/k + k) layers of activations (chapter 21); ``"selective"`` drops only the attention scores.
 ``offload``: ``None``, ``"optimizer"`` (optimizer state and its update live on the host tier,
 ZeRO-Offload) or ``"optimizer+params"`` (the weights too, streamed to the device per layer).
+
+``algorithm`` goes to every collective that offers it (``md.collectives.offered``) and the runtime
+chooses for the others, as NCCL_ALGO does: ``"tree"`` changes the gradient all-reduce, not the
+setup broadcast. An algorithm no collective offers is refused here.
+
+Every layout ``train`` accepts reproduces one device (``tests/test_compose.py``). It refuses, with a
+ValueError before any rank starts:
+
+* for a reason of meaning: a mixture-of-experts model with ``microbatches > 1`` (expert capacity and
+  the load-balancing loss are statistics of the whole batch; per micro-batch they define another
+  objective); capacity dropping with ``cp > 1``; ``dropout > 0`` (masks would differ by layout);
+* because the composition is not built yet (``tests/data/compose_refused.txt`` lists them): pipeline
+  parallelism with ZeRO, FSDP, recomputation, offloading, cp or ep; cp, ep or MoE with tp or sequence
+  parallelism; MoE with ZeRO or FSDP.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from minidist.collectives import known_algorithms
 
 OFFLOAD = (None, "optimizer", "optimizer+params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1")
@@ -41,7 +57,9 @@ class ParallelConfig:
     offload: str | None = None
     bucket_bytes: float = 25 * 2**20  # PyTorch DDP's bucket_cap_mb = 25
     prefetch: int = 1  # ZeRO-3 / FSDP: layers gathered ahead of the one being computed
-    algorithm: str | None = None  # collective algorithm (None: the runtime's default choice)
+    # collective algorithm for every collective that offers it, the runtime's choice for the others (NCCL_ALGO's
+    # rule: "tree" changes the gradient all-reduce, not the setup broadcast); None: the runtime chooses everywhere
+    algorithm: str | None = None
     virtual_stages: int = 1  # pipeline chunks per pp rank (schedule="interleaved")
     pp_balance: str = "even"  # pipeline stage cut: "even" (blocks) or "measured" (FLOPs of each block)
     sequence_parallel: bool = False  # with tp: norms/dropout on sequence shards, AG/RS instead of all-reduce
@@ -81,6 +99,9 @@ class ParallelConfig:
             raise ValueError(f"ParallelConfig: sequence_parallel must be True or False, got {self.sequence_parallel!r}")
         if self.pp_balance not in ("even", "measured"):
             raise ValueError(f"ParallelConfig: pp_balance must be 'even' or 'measured', got {self.pp_balance!r}")
+        if self.algorithm is not None and self.algorithm not in known_algorithms():
+            raise ValueError(f"ParallelConfig: algorithm must be None (the runtime chooses) or one of "
+                             f"{known_algorithms()}, got {self.algorithm!r}")
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from minidist.autograd import Function
 from minidist.autograd import functional as F
+from minidist.collectives import offered
 from minidist.parallel.online_softmax import (
     _group,
     block_grads,
@@ -248,7 +249,7 @@ def _seq_to_heads(x: np.ndarray, cp: CPGroup) -> np.ndarray:
     p = cp.size
     inp = np.ascontiguousarray(x.reshape(B, p, H // p, t, d).swapaxes(0, 1))  # block j goes to rank j
     out = np.empty_like(inp)
-    dist.all_to_all_single(out, inp, group=cp.group, algorithm=cp.algorithm)
+    dist.all_to_all_single(out, inp, group=cp.group, algorithm=offered("all_to_all", cp.algorithm))
     return np.ascontiguousarray(out.transpose(1, 2, 0, 3, 4)).reshape(B, H // p, p * t, d)
 
 
@@ -260,7 +261,7 @@ def _heads_to_seq(x: np.ndarray, cp: CPGroup) -> np.ndarray:
     p = cp.size
     inp = np.ascontiguousarray(x.reshape(B, h, p, T // p, d).transpose(2, 0, 1, 3, 4))  # chunk j to rank j
     out = np.empty_like(inp)
-    dist.all_to_all_single(out, inp, group=cp.group, algorithm=cp.algorithm)
+    dist.all_to_all_single(out, inp, group=cp.group, algorithm=offered("all_to_all", cp.algorithm))
     return np.ascontiguousarray(out.swapaxes(0, 1)).reshape(B, p * h, T // p, d)
 
 
@@ -323,18 +324,15 @@ def ulysses_attention(q, k, v, cp: CPGroup, is_causal: bool = True, scale: float
 
 
 # -- the model -----------------------------------------------------------------------------
-def _attention_forward(attn, cp: CPGroup, method: str):
-    def forward(x):
-        B, t, _ = x.shape
-        hd = attn.head_dim
-        q = attn.wq(x).reshape(B, t, -1, hd).transpose(0, 2, 1, 3)
-        k = attn.wk(x).reshape(B, t, -1, hd).transpose(0, 2, 1, 3)
-        v = attn.wv(x).reshape(B, t, -1, hd).transpose(0, 2, 1, 3)
-        fn = ring_attention if method == "ring" else ulysses_attention
-        y = fn(q, k, v, cp, is_causal=True)
-        return attn.wo(y.transpose(0, 2, 1, 3).reshape(B, t, q.shape[1] * hd))
+def attention_core(cp: CPGroup, method: str = "ring"):
+    """A core for ``CausalSelfAttention.core``: causal attention of local queries over the whole
+    sequence, held in pieces by the cp group (ring attention or Ulysses)."""
+    fn = ring_attention if method == "ring" else ulysses_attention
 
-    return forward
+    def core(q, k, v):
+        return fn(q, k, v, cp, is_causal=True)
+
+    return core
 
 
 def context_parallelize(model, cp: CPGroup, method: str = "ring"):
@@ -347,7 +345,7 @@ def context_parallelize(model, cp: CPGroup, method: str = "ring"):
     if method not in METHODS:
         raise ValueError(f"context_parallelize: method must be one of {METHODS}, got {method!r}")
     for block in model.blocks:
-        object.__setattr__(block.attn, "forward", _attention_forward(block.attn, cp, method))
+        block.attn.core = attention_core(cp, method)
     wpe, lookup = model.wpe, type(model.wpe).forward
 
     def local_positions(ids):  # the model asks for rows 0..t-1 of its local sequence

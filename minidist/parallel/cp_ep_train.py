@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from minidist.autograd import functional as F
+from minidist.nn.moe import idle_expert_params
 from minidist.parallel.context_parallel import LAYOUTS, METHODS, CPGroup, context_parallelize
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize, is_expert_param
 
@@ -58,6 +58,11 @@ def check_layout(cfg, pc) -> None:
         # the same sequences, so the dropped set would differ from one device's
         raise ValueError("parallel.train: capacity dropping with cp > 1 would depend on the layout; "
                          "use capacity_factor=None with context parallelism")
+    if cfg.n_experts and pc.microbatches > 1:
+        raise ValueError("parallel.train: a mixture-of-experts model trains with microbatches=1: expert capacity and "
+                         "the load-balancing loss are statistics of the whole batch, and accumulating micro-batches "
+                         "would compute them per micro-batch, a different objective "
+                         f"(got microbatches={pc.microbatches})")
     if cfg.n_experts and (pc.zero_stage or pc.fsdp):
         raise ValueError("parallel.train: mixture-of-experts models train with zero_stage=0 (replicated or "
                          f"expert-parallel weights); got zero_stage={pc.zero_stage}, fsdp={pc.fsdp}")
@@ -93,11 +98,6 @@ class TokenPlan:
             experts = _ranks_matching(grid, ("pp", "tp", "ep"))
             self.expert_group = dist.new_group(experts)
             self.expert_size, self.expert_index = len(experts), experts.index(grid.rank)
-            criterion = getattr(model, "criterion", F.cross_entropy)
-            from minidist.nn.moe import aux_loss
-
-            # the runner's head calls model.criterion: add the routers' losses to the cross-entropy
-            object.__setattr__(model, "criterion", lambda logits, t: criterion(logits, t) + aux_loss(model))
 
     def shard(self, x: np.ndarray) -> np.ndarray:
         """This rank's positions of a (rows, T) batch."""
@@ -140,6 +140,12 @@ class ExpertDataParallel:
 
     def pieces(self) -> list:
         return [piece for part in self.parts for piece in part.pieces()]
+
+    def skipped(self, model) -> frozenset[int]:
+        """Indices into :meth:`pieces` of the experts no token reached: no gradient, so no update."""
+        idle = idle_expert_params(model)
+        names = [n for part in self.parts for u in part.units for n in u.names]
+        return frozenset(i for i, n in enumerate(names) if n in idle)
 
     def after_step(self, model) -> None:
         model.zero_grad()

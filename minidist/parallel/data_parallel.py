@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from minidist import dist
+from minidist.collectives import offered
 from minidist.parallel.flat import FlatUnit
 from minidist.parallel.runner import Hooks
 
@@ -100,14 +101,14 @@ class BucketedReducer(Hooks):
     def collective(self, unit: FlatUnit, flat: np.ndarray):
         if self.dp == 1:
             return None
-        return dist.all_reduce(flat, group=self.group, async_op=True, algorithm=self.algorithm)
+        return dist.all_reduce(flat, group=self.group, async_op=True, algorithm=offered("all_reduce", self.algorithm))
 
     def broadcast_weights(self) -> None:
         """Replicas start from rank 0's weights (the invariant's base case)."""
         if self.dp > 1:
             src = self.group.global_rank(0)
             for flat in self.pflats:
-                dist.broadcast(flat, src, group=self.group, algorithm=self.algorithm)
+                dist.broadcast(flat, src, group=self.group, algorithm=offered("broadcast", self.algorithm))
 
     def finish(self) -> None:
         """After the last backward: reduce buckets no hook completed (unused parameters), wait for all."""

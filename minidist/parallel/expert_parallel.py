@@ -32,6 +32,7 @@ import numpy as np
 
 from minidist.autograd import Function
 from minidist.autograd import functional as F
+from minidist.collectives import offered
 from minidist.nn.module import Module
 from minidist.nn.moe import LocalRouting, MoE
 
@@ -96,7 +97,8 @@ def _all_to_all(x: np.ndarray, send: list[int], recv: list[int], ep: EPGroup) ->
     from minidist import dist
 
     out = np.empty((sum(recv),) + x.shape[1:], dtype=x.dtype)
-    dist.all_to_all_single(out, np.ascontiguousarray(x), recv, send, group=ep.group, algorithm=ep.algorithm)
+    dist.all_to_all_single(out, np.ascontiguousarray(x), recv, send, group=ep.group,
+                           algorithm=offered("all_to_all", ep.algorithm))
     return out
 
 
@@ -115,7 +117,7 @@ class ExpertParallelRouting(LocalRouting):
 
         src = np.ascontiguousarray(counts, dtype=np.int64)
         out = np.empty((ep.count_size,) + src.shape, dtype=np.int64)
-        dist.all_gather_into_tensor(out, src, group=ep.count_group, algorithm=ep.algorithm)
+        dist.all_gather_into_tensor(out, src, group=ep.count_group, algorithm=offered("all_gather", ep.algorithm))
         return out, ep.count_rank
 
     def run_experts(self, moe: MoE, xs, kept: np.ndarray, me: int):

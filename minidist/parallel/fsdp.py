@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist import dist
+from minidist.collectives import offered
 from minidist.parallel.flat import FlatUnit, describe
 from minidist.parallel.runner import Hooks
 
@@ -80,7 +81,8 @@ class ShardedModel(Hooks):
         self.ledger = ledger
         for ui, (u, f) in enumerate(zip(self.units, self.full)):
             if self.dp > 1:
-                dist.broadcast(f, self.group.global_rank(0), group=self.group, algorithm=self.algorithm)
+                dist.broadcast(f, self.group.global_rank(0), group=self.group,
+                               algorithm=offered("broadcast", self.algorithm))
                 self.shards[ui][...] = u.shard(f)
             f[...] = np.nan
             self.gathered[ui] = False
@@ -102,7 +104,7 @@ class ShardedModel(Hooks):
             self.full[ui][...] = shard
         else:
             self._gathers[ui] = dist.all_gather_into_tensor(self.full[ui], shard, group=self.group, async_op=True,
-                                                            algorithm=self.algorithm)
+                                                            algorithm=offered("all_gather", self.algorithm))
         self.gathered[ui] = True
 
     def _ensure(self, ui: int) -> None:
@@ -167,7 +169,8 @@ class ShardedModel(Hooks):
         if self.dp == 1:
             out[...] = flat
         else:
-            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, algorithm=self.algorithm)
+            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True,
+                                              algorithm=offered("reduce_scatter", self.algorithm))
         self._reductions.append((work, out, ui, flat.nbytes))
 
     def _drain(self, keep: int = 0) -> None:

@@ -85,6 +85,10 @@ def graph_bytes(outputs, exclude=()) -> int:
         if id(t) in seen_nodes:
             continue
         seen_nodes.add(id(t))
+        if t.data is None:  # the hidden node behind a function with several outputs: nothing of its own
+            scan(t._backward, 0)
+            stack.extend(t._parents)
+            continue
         if t._backward is None or id(_base(t.data)) in skip:
             leaves.add(id(_base(t.data)))
             continue

@@ -65,9 +65,9 @@ class HostOptimizer:
         self.ledger.alloc("optimizer", n * self.sb["optimizer"])
         self.ledger.alloc("buffers", 2 * max(g.nbytes for _, g in pieces))  # the two pinned staging buffers
 
-    def step(self, pieces) -> float:
-        """Update every piece (the numbers), and charge the pipelined transfers and CPU work (the time)."""
-        self.opt.step(pieces)
+    def step(self, pieces, skip: frozenset[int] = frozenset()) -> float:
+        """Update every piece but ``skip`` (the numbers), and charge the pipelined transfers and CPU work (the time)."""
+        self.opt.step(pieces, skip)
         t = self.clock.now()
         moved = 7 if self.opt.kind == "adamw" else 4  # arrays read + written per element
         slot_free = [t, t]  # when each pinned buffer is free again

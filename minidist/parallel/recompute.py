@@ -18,8 +18,6 @@ segment at a time during the backward (freed once that segment's backward is don
 from __future__ import annotations
 
 from minidist.autograd import checkpoint, is_grad_enabled
-from minidist.autograd import functional as F
-from minidist.nn.attention import repeat_kv
 from minidist.parallel.memory import ActivationLedger, graph_bytes
 
 
@@ -42,31 +40,20 @@ def run_checkpointed(fn, x, acts: ActivationLedger):
     return checkpoint(rebuild, x)
 
 
-def selective_attention(attn, acts: ActivationLedger):
-    """A forward for ``attn`` (a CausalSelfAttention) that checkpoints only softmax(q k^T) v.
+def selective_core(core, acts: ActivationLedger | None):
+    """``core`` (an attention core, see ``CausalSelfAttention.core``) under :func:`checkpoint`.
 
-    Same arithmetic as ``CausalSelfAttention.forward``: the projections and their outputs stay in
-    the graph; the attention probabilities are rebuilt from q, k, v during the backward.
+    The projections and their outputs stay in the graph; the attention probabilities are rebuilt from
+    q, k, v during the backward, and that rebuilt memory is held on ``acts`` until q's gradient is done.
+    Whatever core is installed (plain, ring, Ulysses, a tensor-parallel shard of the heads) is the one
+    recomputed, so the layouts compose.
     """
 
-    def core(q, k, v):
-        n_rep = q.shape[1] // k.shape[1]
-        y = F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
+    def rebuilt(q, k, v):
+        y = core(q, k, v)
         if is_grad_enabled() and acts is not None:
             token = acts.hold(graph_bytes(y, exclude=[q, k, v]), "rebuilt_attention")
             q.register_post_accumulate_grad_hook(lambda _t: acts.release(token))
         return y
 
-    def forward(x):
-        if x.ndim != 3:
-            raise ValueError(f"CausalSelfAttention: expected input (B, T, d_model), got shape {tuple(x.shape)}")
-        B, T, _ = x.shape
-        hd = attn.head_dim
-        q = attn.wq(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
-        k = attn.wk(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
-        v = attn.wv(x).reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
-        y = checkpoint(core, q, k, v)
-        y = y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd)
-        return attn.wo(y)
-
-    return forward
+    return lambda q, k, v: checkpoint(rebuilt, q, k, v)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.autograd import functional as F
+from minidist.nn.moe import MoE
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.memory import ActivationLedger, graph_bytes
-from minidist.parallel.recompute import run_checkpointed, segments, selective_attention
+from minidist.parallel.recompute import run_checkpointed, segments, selective_core
 
 
 class Hooks:
@@ -40,9 +41,8 @@ class Runner:
         self.every = config.recompute_every
         self.segments = segments(len(model.blocks), self.every)
         if config.recompute == "selective":
-            for block in model.blocks:
-                own = getattr(block.attn, "selective_forward", None)  # tensor-parallel attention brings its own
-                object.__setattr__(block.attn, "forward", own(acts) if own else selective_attention(block.attn, acts))
+            for block in model.blocks:  # wrap the installed core, whichever parallelism put it there
+                block.attn.core = selective_core(block.attn.core, acts)
 
     def _unit(self, key: str, fn, *args):
         self.hooks.pre_forward(key)
@@ -51,10 +51,17 @@ class Runner:
         return out
 
     def _blocks(self, lo: int, hi: int):
+        """Blocks ``lo..hi-1`` as one function: ``x -> x``, or ``(x, *router losses)`` if they hold MoE layers.
+
+        The router losses leave the segment as outputs, so that under recomputation they stay in the
+        graph (a loss read from a module attribute after a checkpointed forward has no gradient).
+        """
+        moes = [m for b in self.model.blocks[lo:hi] for m in b.modules() if isinstance(m, MoE)]
+
         def run(x):
             for i in range(lo, hi):
                 x = self._unit(f"block.{i}", self.model.blocks[i], x)
-            return x
+            return (x, *(m.aux_loss for m in moes)) if moes else x
         return run
 
     def loss(self, idx: np.ndarray, targets: np.ndarray):
@@ -64,10 +71,13 @@ class Runner:
         B, T = idx.shape
         x = self._unit("embed", lambda: m.drop(m.wte(idx) + m.wpe(np.arange(T))))
         acts.hold(graph_bytes(x), "embed")  # embeddings' activations: held until the step ends
+        router_losses = []
         for lo, hi in self.segments:
             run = self._blocks(lo, hi)
             inp = x
-            x = run(inp) if self.every is None else run_checkpointed(run, inp, acts)
+            out = run(inp) if self.every is None else run_checkpointed(run, inp, acts)
+            x = out[0] if isinstance(out, tuple) else out
+            router_losses += list(out[1:]) if isinstance(out, tuple) else []
             token = acts.hold(graph_bytes(x, exclude=[inp]), "segment")
             inp.register_hook(lambda _g, token=token: acts.release(token))  # the segment's backward is done
 
@@ -78,6 +88,8 @@ class Runner:
 
         loss = self._unit("head", head, x)
         acts.hold(graph_bytes(loss, exclude=[x]), "head")
+        if router_losses:  # GPT.forward's order: cross-entropy + (sum of the layers' router losses)
+            loss = loss + sum(router_losses[1:], router_losses[0])
         return loss
 
     def backward(self, loss, scale: float) -> None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist.autograd import Function, cost
+from minidist.collectives import offered
 from minidist.nn.layers import Linear
 from minidist.nn.module import Module, Parameter
 from minidist.parallel.split_backward import weight_grads
@@ -74,7 +75,8 @@ def _all_reduce(a: np.ndarray, tp: TPGroup, op=None) -> np.ndarray:
     if tp.size > 1:
         from minidist import dist
 
-        dist.all_reduce(a, op=dist.ReduceOp.SUM if op is None else op, group=tp.group, algorithm=tp.algorithm)
+        dist.all_reduce(a, op=dist.ReduceOp.SUM if op is None else op, group=tp.group,
+                        algorithm=offered("all_reduce", tp.algorithm))
     return a
 
 
@@ -86,7 +88,7 @@ def all_gather_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
 
     src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
     out = np.empty((tp.size * src.shape[0],) + src.shape[1:], dtype=a.dtype)
-    dist.all_gather_into_tensor(out, src, group=tp.group, algorithm=tp.algorithm)
+    dist.all_gather_into_tensor(out, src, group=tp.group, algorithm=offered("all_gather", tp.algorithm))
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
@@ -101,7 +103,7 @@ def reduce_scatter_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
 
     src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
     out = np.empty((src.shape[0] // tp.size,) + src.shape[1:], dtype=a.dtype)
-    dist.reduce_scatter_tensor(out, src, group=tp.group, algorithm=tp.algorithm)
+    dist.reduce_scatter_tensor(out, src, group=tp.group, algorithm=offered("reduce_scatter", tp.algorithm))
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 

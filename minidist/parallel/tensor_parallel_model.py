@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.nn.attention import CausalSelfAttention, repeat_kv
+from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.gpt import GPT, Block, TiedHead
 from minidist.nn.layers import Linear
 from minidist.nn.mlp import MLP
@@ -41,13 +41,6 @@ from minidist.parallel.vocab_parallel import (
 )
 
 
-def _attend(q, k, v):
-    from minidist.autograd import functional as F
-
-    n_rep = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), is_causal=True)
-
-
 class TensorParallelAttention(Module):
     """Causal self-attention on this rank's ``n_heads / t`` query heads and ``n_kv_heads / t`` kv heads.
 
@@ -62,33 +55,18 @@ class TensorParallelAttention(Module):
         self.wk = ColumnParallelLinear.from_dense(attn.wk, tp)
         self.wv = ColumnParallelLinear.from_dense(attn.wv, tp)
         self.wo = RowParallelLinear.from_dense(attn.wo, tp)
+        self.core = attn.core
 
-    def forward(self, x, core=None):
-        """``core(q, k, v)`` replaces the attention of the local heads (selective recomputation)."""
+    def forward(self, x):
+        """``self.core(q, k, v)`` attends over the local heads (the seam selective recomputation wraps)."""
         q, k, v = column_parallel(x, [self.wq, self.wk, self.wv], self.tp)
         B, T = q.shape[0], q.shape[1]  # with sequence parallelism T is the whole sequence, x held a slice
         hd = self.head_dim
         q = q.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
         k = k.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
         v = v.reshape(B, T, -1, hd).transpose(0, 2, 1, 3)
-        y = (core or _attend)(q, k, v)
+        y = self.core(q, k, v)
         return self.wo(y.transpose(0, 2, 1, 3).reshape(B, T, q.shape[1] * hd))
-
-    def selective_forward(self, acts):
-        """A forward that checkpoints only the local heads' softmax(q k^T) v (``recompute="selective"``),
-        accounting the rebuilt probabilities on ``acts`` (an ActivationLedger) like ``recompute.py``."""
-        from minidist.autograd import checkpoint, is_grad_enabled
-        from minidist.parallel.memory import graph_bytes
-
-        def core(q, k, v):
-            y = _attend(q, k, v)
-            if is_grad_enabled() and acts is not None:
-                token = acts.hold(graph_bytes(y, exclude=[q, k, v]), "rebuilt_attention")
-                q.register_post_accumulate_grad_hook(lambda _t: acts.release(token))
-            return y
-
-        forward = type(self).forward  # the class's: the instance attribute is what this replaces
-        return lambda x: forward(self, x, core=lambda q, k, v: checkpoint(core, q, k, v))
 
     def extra_repr(self) -> str:
         t = self.tp.size

@@ -145,10 +145,11 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
         if step == steps - 1:
             grads = strat.grad_state()
         pieces = strat.pieces()
+        skip = strat.skipped(model) if hasattr(strat, "skipped") else frozenset()  # experts no token reached
         if host is not None:
-            host.step(pieces)
+            host.step(pieces, skip)
         else:
-            opt.step_on_device(pieces, model_config.dtype)
+            opt.step_on_device(pieces, model_config.dtype, skip)
         strat.after_step(model)
         clock.join(clock.end())
         windows.append((t0, dist.now()))

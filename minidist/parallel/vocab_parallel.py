@@ -20,6 +20,7 @@ import numpy as np
 
 from minidist.autograd import Function
 from minidist.autograd import functional as F
+from minidist.collectives import offered
 from minidist.nn.layers import Embedding
 from minidist.nn.module import Module, Parameter
 from minidist.parallel.tensor_parallel import (
@@ -97,7 +98,7 @@ class _VocabParallelCrossEntropy(Function):
             raise IndexError(f"vocab_parallel_cross_entropy: targets must lie in [0, {v * tp.size})")
         m = x.max(axis=1)
         if tp.size > 1:
-            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp.group, algorithm=tp.algorithm)
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp.group, algorithm=offered("all_reduce", tp.algorithm))
         e = np.exp(x - m[:, None])
         local = t - tp.rank * v
         mine = (local >= 0) & (local < v)

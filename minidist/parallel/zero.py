@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist import dist
+from minidist.collectives import offered
 from minidist.parallel.data_parallel import BucketedReducer
 from minidist.parallel.flat import describe
 
@@ -56,7 +57,7 @@ class ZeroOptimizer(BucketedReducer):
             if self.dp == 1:
                 return None
             return dist.reduce_scatter_tensor(unit.shard(flat), flat, group=self.group, async_op=True,
-                                              algorithm=self.algorithm)
+                                              algorithm=offered("reduce_scatter", self.algorithm))
         # stage 2: the bucket is a transient buffer; its reduced slice is added into the gradient shard
         self._drain(keep=1)  # at most two buckets alive: one reducing, one being filled
         self.ledger.alloc("buffers", flat.nbytes)
@@ -65,7 +66,8 @@ class ZeroOptimizer(BucketedReducer):
         if self.dp == 1:
             out[...] = flat
         else:
-            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True, algorithm=self.algorithm)
+            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True,
+                                              algorithm=offered("reduce_scatter", self.algorithm))
         self._inflight.append((work, out, self.units.index(unit), flat.nbytes))
         return None
 
@@ -95,7 +97,8 @@ class ZeroOptimizer(BucketedReducer):
         """Every rank updated its slice; an all-gather hands the new weights to everyone."""
         if self.dp > 1:
             for u, pf in zip(self.units, self.pflats):
-                dist.all_gather_into_tensor(pf, u.shard(pf).copy(), group=self.group, algorithm=self.algorithm)
+                dist.all_gather_into_tensor(pf, u.shard(pf).copy(), group=self.group,
+                                            algorithm=offered("all_gather", self.algorithm))
         if self.grad_shards is not None:
             for g in self.grad_shards:
                 g[...] = 0
