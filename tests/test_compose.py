@@ -13,6 +13,7 @@ The cases a user found silently wrong are tests of their own below.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,29 @@ if __name__ == "__main__":  # rewrite the record of refused combinations from a 
         lines += run_layout(lay)[1]
     REFUSED_FILE.write_text("\n".join(lines) + "\n")
     print(f"{len(lines) - 2} refused combinations written to {REFUSED_FILE}")
+
+
+def test_a_plan_of_the_estimator_runs_as_is():
+    """md.estimate.plan and md.parallel.train describe one mesh: each planned layout of a toy GPT trains like
+    one device with the plan's batch, or is refused up front (a composition not built yet)."""
+    from minidist.estimate.models import ModelConfig
+
+    toy = ModelConfig(name="toy", layers=2, hidden=16, heads=2, kv_heads=2, ffn=64, vocab=48, seq_len=8,
+                      gated=False, tied=False, params=0, active_params=0, source="tests/test_compose.py")
+    estimates = md.estimate.plan(toy, "dgx-h100", gpus=4, global_batch=8, seq_len=8, top=40)
+    ran = 0
+    for est in estimates:
+        lay = est.layout
+        try:
+            got = md.parallel.train(DENSE, est, steps=2, global_batch=est.global_batch)
+        except ValueError as e:
+            assert "parallel" in str(e).lower(), e
+            continue
+        pc = ParallelConfig.from_layout(est)
+        assert pc.world_size == lay.gpus == 4 and pc.dp * pc.ep == lay.dp and pc.microbatches == est.microbatches
+        ref = md.parallel.train(DENSE, ParallelConfig(), steps=2, global_batch=est.global_batch)
+        assert_same_run(got, ref, lay.label())
+        ran += 1
+    assert ran >= 3, f"only {ran} of {len(estimates)} planned layouts ran"
+    moe = ParallelConfig.from_layout(replace(estimates[0].layout, dp=4, ep=2, pp=1, cp=1, schedule="1f1b"))
+    assert (moe.dp, moe.ep, moe.world_size) == (2, 2, 4)

@@ -93,3 +93,25 @@ def test_new_group_validates_ranks():
         return True
 
     assert all(launch(f, 2))
+
+
+def test_flattened_groups_and_the_bijection_over_every_axis():
+    """Along any dimension (or set of them) the world splits into disjoint groups, one per setting of the
+    other coordinates; every rank is in exactly one, and its local rank is its row-major index there."""
+    from minidist.parallel import ParallelConfig, build_mesh
+
+    config = ParallelConfig(dp=2, ep=2, cp=2)
+    world = config.world_size
+    meshes = [build_mesh(config, rank=r) for r in range(world)]
+    for dims in [("dp",), ("ep",), ("cp",), ("dp", "cp"), ("dp", "ep", "cp"), ("cp", "dp")]:
+        groups = {m.get_group(dims) for m in meshes}
+        size = meshes[0].size(dims)
+        assert len(groups) == world // size and all(g.size() == size for g in groups), dims
+        assert sorted(r for g in groups for r in g.ranks) == list(range(world)), dims
+        for m in meshes:
+            assert m.get_group(dims).ranks[m.get_local_rank(dims)] == m.rank, dims
+    m = meshes[5]  # (pp, dp, ep, cp, tp) = (0, 1, 0, 1, 0)
+    assert m.get_group(("dp", "cp")).ranks == (0, 1, 4, 5) and m.get_group("ep").ranks == (5, 7)
+    assert m.get_local_rank(("dp", "ep")) == 2 and m.size(("dp", "ep", "cp")) == 8
+    with pytest.raises(ValueError, match="twice"):
+        m.get_group(("dp", "dp"))

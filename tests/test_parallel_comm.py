@@ -9,7 +9,7 @@ import pytest
 
 import minidist as md
 from minidist.estimate import dp_all_reduce_bytes, zero_comm_bytes
-from minidist.parallel import ParallelConfig, ParallelGrid, split_sizes, train
+from minidist.parallel import ParallelConfig, build_mesh, split_sizes, train
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 UNIFORM = md.Cluster.uniform(alpha=1e-6, beta=1e10)
@@ -96,13 +96,14 @@ def test_offload_transfers_are_alpha_beta_and_double_buffered():
         assert b.start >= a.end
 
 
-def test_grid_owns_rank_arithmetic():
-    g = ParallelGrid(ParallelConfig(dp=4), rank=2)
-    assert g.coords() == {"pp": 0, "dp": 2, "ep": 0, "cp": 0, "tp": 0}
-    assert g.ranks_along("dp") == [0, 1, 2, 3] and g.ranks_along("tp") == [2]
-    assert g.index("dp") == 2 and g.size("dp") == 4 and g.world_size == 4
+def test_the_mesh_owns_rank_arithmetic():
+    mesh = build_mesh(ParallelConfig(dp=4), rank=2)
+    assert mesh.mesh_dim_names == ("pp", "dp", "ep", "cp", "tp")
+    assert mesh.get_coordinate() == (0, 2, 0, 0, 0)
+    assert mesh.get_group("dp").ranks == (0, 1, 2, 3) and mesh.get_group("tp").ranks == (2,)
+    assert mesh.get_local_rank("dp") == 2 and mesh.size("dp") == 4 and mesh.size() == 4
     with pytest.raises(ValueError, match="outside"):
-        ParallelGrid(ParallelConfig(dp=2), rank=2)
-    with pytest.raises(ValueError, match="unknown axis"):
-        g.ranks_along("xx")
+        build_mesh(ParallelConfig(dp=2), rank=2)
+    with pytest.raises(KeyError, match="no dimension"):
+        mesh.get_group("xx")
     assert split_sizes(7, 3) == [3, 2, 2] and split_sizes(8, 4) == [2, 2, 2, 2]

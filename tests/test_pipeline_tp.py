@@ -132,15 +132,15 @@ def test_executed_bubble_with_tensor_parallel_stages(schedule):
     unit = {"F": 1e-3, "I": 1e-3, "W": 1e-3}
 
     def fn():
-        from minidist.parallel.grid import ParallelGrid
+        from minidist.parallel.mesh import build_mesh
         from minidist.parallel.tensor_parallel import TPGroup
         from minidist.parallel.tensor_parallel_model import tensor_parallelize
 
-        grid = ParallelGrid(ParallelConfig(pp=p, tp=tp), md.dist.get_rank())
-        pp_ranks = grid.ranks_along("pp")
-        tpg = TPGroup(grid.group("tp"), tp, grid.index("tp"), True)
+        mesh = build_mesh(ParallelConfig(pp=p, tp=tp))
+        pp_ranks = list(mesh.get_group("pp").ranks)
+        tpg = TPGroup(mesh.get_group("tp"), tp, mesh.get_local_rank("tp"), True)
         model = tensor_parallelize(md.GPT(cfg, seed=0), tpg)
-        ex = PipelineExecutor(model, pp_ranks, grid.index("pp"), stage_layout(4, p), unit_costs=unit)
+        ex = PipelineExecutor(model, pp_ranks, mesh.get_local_rank("pp"), stage_layout(4, p), unit_costs=unit)
         return ex.run(make_schedule(schedule, p, m), [x[i:i + 1] for i in range(m)], [y[i:i + 1] for i in range(m)],
                       [1 / m] * m)
 

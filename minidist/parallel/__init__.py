@@ -1,6 +1,6 @@
 """Parallel training strategies on simulated devices, and ``train`` that composes them (Parts IV-V).
 
-One idea per file: ``config`` (ParallelConfig), ``grid`` (rank arithmetic on the mesh), ``flat``
+One idea per file: ``config`` (ParallelConfig), ``mesh`` (build_mesh: the only rank arithmetic), ``flat``
 (padded flat parameters), ``data_parallel`` (DDP: broadcast, buckets, async all-reduce, no_sync),
 ``zero`` (stages 1-2), ``fsdp`` (stage 3 and FSDP: sharded weights gathered per layer),
 ``recompute`` (activation checkpointing), ``offload`` (host tier), ``memory`` (ledger accounting),
@@ -25,8 +25,8 @@ merge, blockwise attention), ``context_parallel`` (ring attention, zigzag layout
 
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import FlatUnit
-from minidist.parallel.grid import ParallelGrid
 from minidist.parallel.memory import graph_bytes, state_bytes_per_param
+from minidist.parallel.mesh import build_mesh
 from minidist.parallel.train import TrainResult, split_sizes, train
 
 # isort: split
@@ -44,7 +44,7 @@ from minidist.parallel.context_parallel import CPGroup, context_parallelize, rin
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
 from minidist.parallel.online_softmax import blockwise_attention
 
-__all__ = ["FlatUnit", "ParallelConfig", "ParallelGrid", "TrainResult", "graph_bytes", "split_sizes",
+__all__ = ["FlatUnit", "ParallelConfig", "build_mesh", "TrainResult", "graph_bytes", "split_sizes",
            "state_bytes_per_param", "train"]
 __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParallelEmbedding", "tensor_parallelize",
             "vocab_parallel_cross_entropy"]

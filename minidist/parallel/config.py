@@ -105,6 +105,32 @@ class ParallelConfig:
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
 
+    @classmethod
+    def from_layout(cls, plan, **overrides) -> ParallelConfig:
+        """The config that runs an estimator layout as is: a ``Layout``, or an ``Estimate`` from
+        ``md.estimate.plan`` (which also fixes the number of micro-batches).
+
+        Both describe the same mesh. The estimator counts ``dp`` as every data-parallel rank and carves
+        ``ep`` out of it (Megatron's convention); here ``ep`` is a mesh axis of its own, so
+        ``dp = layout.dp / layout.ep`` and the world size is the same. ``overrides`` set other fields.
+        """
+        layout = getattr(plan, "layout", plan)
+        for name in ("tp", "pp", "dp", "cp", "ep", "zero_stage", "recompute", "schedule", "virtual", "sp"):
+            if not hasattr(layout, name):
+                raise TypeError(f"ParallelConfig.from_layout: expected an md.estimate Layout or Estimate, "
+                                f"got {type(plan).__name__} without {name!r}")
+        if layout.dp % layout.ep:
+            raise ValueError(f"ParallelConfig.from_layout: ep={layout.ep} must divide dp={layout.dp}")
+        if getattr(layout, "recompute_layers", None) is not None:
+            raise ValueError("ParallelConfig.from_layout: recomputing only some layers of a stage "
+                             f"(recompute_layers={layout.recompute_layers}) has no trainer equivalent yet")
+        fields = dict(dp=layout.dp // layout.ep, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
+                      zero_stage=layout.zero_stage, recompute=layout.recompute,
+                      microbatches=getattr(plan, "microbatches", 1), schedule=layout.schedule,
+                      virtual_stages=layout.virtual, sequence_parallel=bool(layout.sp) and layout.tp > 1)
+        fields.update(overrides)
+        return cls(**fields)
+
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp * self.ep

@@ -29,6 +29,7 @@ import numpy as np
 from minidist.nn.moe import idle_expert_params
 from minidist.parallel.context_parallel import LAYOUTS, METHODS, CPGroup, context_parallelize
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize, is_expert_param
+from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD
 
 
 def check_layout(cfg, pc) -> None:
@@ -68,36 +69,25 @@ def check_layout(cfg, pc) -> None:
                          f"expert-parallel weights); got zero_stage={pc.zero_stage}, fsdp={pc.fsdp}")
 
 
-def _ranks_matching(grid, axes: tuple[str, ...]) -> list[int]:
-    """Global ranks that share this rank's coordinates on ``axes``."""
-    me = grid.coords()
-    return [r for r in range(grid.world_size) if all(grid.coords(r)[a] == me[a] for a in axes)]
-
-
 class TokenPlan:
     """How this rank takes part in a step when tokens are split over dp x ep x cp (see the module docstring)."""
 
-    def __init__(self, model, grid, pc) -> None:
-        from minidist import dist
-
+    def __init__(self, model, mesh, pc) -> None:
         self.pc = pc
-        data = _ranks_matching(grid, ("pp", "tp"))
-        self.group = dist.new_group(data)
-        self.size, self.index = len(data), data.index(grid.rank)
-        c = grid.coords()
-        self.batch_parts, self.batch_index = pc.dp * pc.ep, c["dp"] * pc.ep + c["ep"]
+        self.group = mesh.get_group(DENSE_GRAD)
+        self.size, self.index = self.group.size(), self.group.group_rank(mesh.rank)
+        self.batch_parts, self.batch_index = mesh.size(BATCH), mesh.get_local_rank(BATCH)
         self.loss_share = 1.0 / pc.cp
         self.cp = None
         if pc.cp > 1:
-            self.cp = CPGroup.of(grid.group("cp"), pc.cp_layout, pc.algorithm)
+            self.cp = CPGroup.of(mesh.get_group("cp"), pc.cp_layout, pc.algorithm)
             context_parallelize(model, self.cp, pc.cp_method)
         self.has_experts = bool(model.config.n_experts)
         if self.has_experts:
-            ep = EPGroup.of(grid.group("ep"), self.group if self.size > 1 else None, pc.algorithm)
+            ep = EPGroup.of(mesh.get_group("ep"), self.group if self.size > 1 else None, pc.algorithm)
             expert_parallelize(model, ep)
-            experts = _ranks_matching(grid, ("pp", "tp", "ep"))
-            self.expert_group = dist.new_group(experts)
-            self.expert_size, self.expert_index = len(experts), experts.index(grid.rank)
+            self.expert_group = mesh.get_group(EXPERT_GRAD)
+            self.expert_size, self.expert_index = self.expert_group.size(), self.expert_group.group_rank(mesh.rank)
 
     def shard(self, x: np.ndarray) -> np.ndarray:
         """This rank's positions of a (rows, T) batch."""

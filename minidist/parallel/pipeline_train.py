@@ -61,15 +61,15 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     from minidist.nn import GPT
     from minidist.parallel.data_parallel import DataParallel
     from minidist.parallel.flat_optim import FlatOptimizer
-    from minidist.parallel.grid import ParallelGrid
     from minidist.parallel.memory import state_bytes_per_param
+    from minidist.parallel.mesh import build_mesh
     from minidist.parallel.pipeline import PipelineExecutor, layer_costs, stage_layout
     from minidist.parallel.train import split_sizes
     from minidist.runtime.context import current
 
     check_pipeline(model_config, pc)
-    grid = ParallelGrid(pc, dist.get_rank())
-    group, dp, dp_rank = grid.group("dp"), pc.dp, grid.index("dp")
+    mesh = build_mesh(pc)
+    group, dp, dp_rank = mesh.get_group("dp"), pc.dp, mesh.get_local_rank("dp")
     ledger = dist.memory()
     clock = current("md.parallel.train").clock
     model = GPT(model_config, seed=seed)
@@ -90,10 +90,10 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
         from minidist.parallel.tensor_parallel import TPGroup
         from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
 
-        tpg = TPGroup(grid.group("tp"), pc.tp, grid.index("tp"), pc.sequence_parallel, pc.algorithm)
+        tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
         model = tensor_parallelize(model, tpg)
         tp_axes = shard_axes(model)  # of the whole model, so the trainer can merge every stage's blocks
-    ex = PipelineExecutor(model, grid.ranks_along("pp"), grid.index("pp"), layout, ledger=ledger)
+    ex = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout, ledger=ledger)
     strat = DataParallel(ex.named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
     opt = FlatOptimizer(optimizer, **hyper)
     strat.setup(ledger, state_bytes_per_param(model_config.dtype, optimizer))
@@ -117,5 +117,6 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
         losses.append(loss)
     return {"losses": losses, "windows": windows, "grads": grads, "params": strat.param_state(), "host": None,
             "acts": [], "num_params": num_params,
-            "layout": layout, "stage": grid.index("pp"), "tp_rank": grid.index("tp"), "dp_rank": dp_rank,
+            "layout": layout, "stage": mesh.get_local_rank("pp"), "tp_rank": mesh.get_local_rank("tp"),
+            "dp_rank": dp_rank,
             "tp_axes": tp_axes}

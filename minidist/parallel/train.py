@@ -18,6 +18,7 @@ from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import assemble
 from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.memory import ActivationLedger, state_bytes_per_param
+from minidist.parallel.mesh import build_mesh
 
 
 def split_sizes(n: int, parts: int) -> list[int]:
@@ -63,7 +64,6 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     from minidist.nn import GPT
     from minidist.parallel.data_parallel import DataParallel
     from minidist.parallel.fsdp import ShardedModel
-    from minidist.parallel.grid import ParallelGrid
     from minidist.parallel.offload import HostOptimizer, HostParams, HostTier
     from minidist.parallel.runner import Runner
     from minidist.parallel.zero import ZeroOptimizer
@@ -74,8 +74,8 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
         from minidist.parallel.pipeline_train import rank_train
 
         return rank_train(model_config, pc, steps, global_batch, seed, optimizer, hyper, tokens, pc.pp_balance)
-    grid = ParallelGrid(pc, dist.get_rank())
-    group, dp, dp_rank = grid.group("dp"), pc.dp, grid.index("dp")
+    mesh = build_mesh(pc)
+    group, dp, dp_rank = mesh.get_group("dp"), pc.dp, mesh.get_local_rank("dp")
     ledger = dist.memory()
     clock = current("md.parallel.train").clock
     model = GPT(model_config, seed=seed)
@@ -85,14 +85,14 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
         from minidist.parallel.tensor_parallel import TPGroup
         from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
 
-        tpg = TPGroup(grid.group("tp"), pc.tp, grid.index("tp"), pc.sequence_parallel, pc.algorithm)
+        tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
         model = tensor_parallelize(model, tpg)
         tp_axes = shard_axes(model)
     plan = None
     if pc.cp > 1 or pc.ep > 1 or model_config.n_experts:  # tokens split over dp x ep x cp (issue 9)
         from minidist.parallel.cp_ep_train import TokenPlan
 
-        plan = TokenPlan(model, grid, pc)
+        plan = TokenPlan(model, mesh, pc)
         group, dp, dp_rank = plan.group, plan.size, plan.index
     named = list(model.named_parameters())
     sb = state_bytes_per_param(model_config.dtype, optimizer)
@@ -157,7 +157,7 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     return {"losses": losses, "windows": windows, "grads": grads, "params": strat.param_state(),
             "host": None if host is None else dict(host.ledger.peak),
             "acts": acts.log,
-            "num_params": num_params, "tp_rank": grid.index("tp"), "dp_rank": dp_rank, "tp_axes": tp_axes}
+            "num_params": num_params, "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank, "tp_axes": tp_axes}
 
 
 def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
@@ -166,7 +166,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
           momentum: float = 0.9, data=None, timeout: float = 120) -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
-    ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one).
+    ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
+    or estimate from ``md.estimate.plan`` is accepted too (``ParallelConfig.from_layout``).
     ``data``: a 1-D array of token ids (default: the package's toy corpus); batches are drawn from it
     with a generator seeded by ``seed``, identically for every layout. ``optimizer``: ``"adamw"``
     (PyTorch's AdamW) or ``"sgd"`` (with ``momentum``). Runs ``md.launch`` and returns a
@@ -177,8 +178,11 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     from minidist.runtime import launch
 
     pc = ParallelConfig() if parallel is None else parallel
+    if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
+        pc = ParallelConfig.from_layout(pc)  # a layout of md.estimate.plan runs as is
     if not isinstance(pc, ParallelConfig):
-        raise TypeError(f"parallel.train: parallel must be a ParallelConfig, got {type(pc).__name__}")
+        raise TypeError(f"parallel.train: parallel must be a ParallelConfig (or an md.estimate Layout/Estimate), "
+                        f"got {type(pc).__name__}")
     if steps < 1:
         raise ValueError(f"parallel.train: steps must be >= 1, got {steps}")
     if global_batch < pc.dp * pc.microbatches:

@@ -4,7 +4,13 @@
 order, so the last dimension varies fastest: ranks that differ only in their "tp" coordinate are
 neighbours, which is where tensor parallelism wants them (inside a node). Each 1-D slice through
 this rank is a process group; ``mesh["tp"]`` is the sub-mesh along "tp" containing this rank, and
-``mesh["dp", "tp"]`` a 2-D sub-mesh. The mesh is the single place that owns the rank arithmetic.
+``mesh["dp", "tp"]`` a 2-D sub-mesh. ``mesh.get_group(("dp", "cp"))`` flattens several dimensions
+into one group: the ranks that share every other coordinate with this one (the ranks a gradient is
+summed over when both dp and cp split the tokens). The mesh is the single place that owns the rank
+arithmetic.
+
+The bijection behind it: along any dimension of size n, the world splits into world/n disjoint
+groups of n ranks, one for each setting of the other coordinates, and every rank is in exactly one.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ class DeviceMesh:
             raise ValueError(f"DeviceMesh: rank {rank} is not (exactly once) in the mesh {self.mesh.tolist()}")
         self.rank = rank
         self._coord = tuple(int(i) for i in where[0])
-        self._groups: dict[str, ProcessGroup] = {}
+        self._groups: dict[tuple[str, ...], ProcessGroup] = {}
 
     # -- shape -----------------------------------------------------------------------------
     @property
@@ -41,8 +47,11 @@ class DeviceMesh:
     def ndim(self) -> int:
         return self.mesh.ndim
 
-    def size(self, name: str | None = None) -> int:
-        return int(self.mesh.size) if name is None else self.mesh.shape[self._dim(name)]
+    def size(self, name: str | tuple[str, ...] | None = None) -> int:
+        """Ranks in the mesh, along dimension ``name``, or in the flattened dimensions of a tuple."""
+        if name is None:
+            return int(self.mesh.size)
+        return int(np.prod([self.mesh.shape[d] for d in self._dims(name)]))
 
     def _dim(self, name: str | int) -> int:
         if isinstance(name, (int, np.integer)):
@@ -54,31 +63,45 @@ class DeviceMesh:
         except ValueError:
             raise KeyError(f"DeviceMesh: no dimension {name!r}; dimensions are {self.mesh_dim_names}") from None
 
+    def _dims(self, name) -> tuple[int, ...]:
+        """Dimension indices of one name or a tuple of names, in mesh order."""
+        names = tuple(name) if isinstance(name, (tuple, list)) else (name,)
+        if not names:
+            raise ValueError("DeviceMesh: name at least one dimension")
+        dims = sorted({self._dim(n) for n in names})
+        if len(dims) != len(names):
+            raise ValueError(f"DeviceMesh: dimensions {names} name one dimension twice")
+        return tuple(dims)
+
     # -- this rank's place --------------------------------------------------------------------
     def get_coordinate(self) -> tuple[int, ...]:
         """This rank's index along every dimension."""
         return self._coord
 
-    def get_local_rank(self, name: str | int | None = None) -> int:
-        """This rank's index along dimension ``name`` (the only one for a 1-D mesh)."""
+    def get_local_rank(self, name: str | int | tuple[str, ...] | None = None) -> int:
+        """This rank's index along dimension ``name`` (the only one for a 1-D mesh); for a tuple of
+        dimensions, its index in their flattened group (row-major over them, in mesh order)."""
         if name is None:
             if self.ndim != 1:
                 raise ValueError(f"DeviceMesh.get_local_rank: name a dimension of {self.mesh_dim_names}")
             name = 0
-        return self._coord[self._dim(name)]
+        index = 0
+        for d in self._dims(name):
+            index = index * self.mesh.shape[d] + self._coord[d]
+        return index
 
-    def get_group(self, name: str | int | None = None) -> ProcessGroup:
-        """The process group of the ranks sharing all coordinates but ``name`` with this rank."""
+    def get_group(self, name: str | int | tuple[str, ...] | None = None) -> ProcessGroup:
+        """The process group of the ranks sharing all coordinates but ``name`` (one dimension or a tuple
+        of them, flattened) with this rank."""
         if name is None:
             if self.ndim != 1:
                 raise ValueError(f"DeviceMesh.get_group: name a dimension of {self.mesh_dim_names}")
             name = 0
-        d = self._dim(name)
-        key = self.mesh_dim_names[d]
+        dims = self._dims(name)
+        key = tuple(self.mesh_dim_names[d] for d in dims)
         if key not in self._groups:
-            index = list(self._coord)
-            index[d] = slice(None)
-            self._groups[key] = ProcessGroup(self.mesh[tuple(index)].tolist())
+            index = tuple(slice(None) if d in dims else self._coord[d] for d in range(self.ndim))
+            self._groups[key] = ProcessGroup(self.mesh[index].reshape(-1).tolist())
         return self._groups[key]
 
     def get_all_groups(self) -> list[ProcessGroup]:

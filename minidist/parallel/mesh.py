@@ -1,0 +1,45 @@
+"""The device mesh of a training layout: the one place where a ParallelConfig becomes ranks and groups.
+
+Picotron's lesson, in torch's vocabulary: every strategy asks one mesh "which group do I reduce
+gradients over?", "which rank holds my shard?", instead of computing rank numbers itself. The
+dimensions are ``(pp, dp, ep, cp, tp)`` with ``tp`` varying fastest, so tensor-parallel peers are
+neighbours (inside one node, where the links are fast) and pipeline stages are furthest apart, as in
+Megatron-LM. Dimensions of size one are kept, so every strategy finds its axis in every layout.
+
+Three flattened groups recur, because dp, ep and cp all split the tokens of a step:
+
+* ``BATCH = ("dp", "ep")``: ranks that take different sequences of the global batch;
+* ``DENSE_GRAD = ("dp", "ep", "cp")``: the replicas of a dense weight, whose gradient is summed there;
+* ``EXPERT_GRAD = ("dp", "cp")``: the replicas of an expert's weight (expert parallelism shards the
+  experts over ep, so each expert lives on one ep coordinate).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minidist import dist
+from minidist.parallel.config import ParallelConfig
+from minidist.runtime.mesh import DeviceMesh
+
+AXES = ("pp", "dp", "ep", "cp", "tp")
+BATCH = ("dp", "ep")
+DENSE_GRAD = ("dp", "ep", "cp")
+EXPERT_GRAD = ("dp", "cp")
+
+
+def build_mesh(config: ParallelConfig, rank: int | None = None) -> DeviceMesh:
+    """The ``(pp, dp, ep, cp, tp)`` mesh of ``config`` seen from ``rank`` (default: this rank, inside
+    ``md.launch``). Outside a launch give ``rank`` to reason about a layout without running it."""
+    if not isinstance(config, ParallelConfig):
+        raise TypeError(f"build_mesh: config must be a ParallelConfig, got {type(config).__name__}")
+    shape = tuple(getattr(config, a) for a in AXES)
+    world = int(np.prod(shape))
+    if rank is None:
+        rank = dist.get_rank()
+        if dist.get_world_size() != world:
+            raise ValueError(f"build_mesh: the layout {dict(zip(AXES, shape))} needs {world} ranks, "
+                             f"the launch has {dist.get_world_size()}")
+    if not 0 <= rank < world:
+        raise ValueError(f"build_mesh: rank {rank} is outside the {world} ranks of {dict(zip(AXES, shape))}")
+    return DeviceMesh(np.arange(world).reshape(shape), AXES, rank)
