@@ -1,0 +1,146 @@
+"""Checks for lab 15, the device mesh and 3D parallelism (book chapters 23-24).
+
+The groups of a mesh axis are compared with numpy slices of ``arange(P).reshape(shape)`` and with the
+bijection theorem (each axis of size d_k gives P / d_k disjoint groups that cover every rank once). A
+redistribution between placements runs on simulated ranks and is judged on the tensor it produces
+and on the bytes it sends (a Replicate -> Shard step must send nothing). The 3D memory formula is
+checked against the book's worked examples of chapter 24.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from minidist.labs.check import CheckFailed, check_cases, fail, passed
+from minidist.labs.ranks import run_ranks
+
+
+def _ref_groups(shape, axis: int) -> list[list[int]]:
+    ranks = np.arange(int(np.prod(shape))).reshape(shape)
+    moved = np.moveaxis(ranks, axis, -1).reshape(-1, shape[axis])
+    return sorted(sorted(int(r) for r in row) for row in moved)
+
+
+def check_mesh_groups(fn: Callable[[tuple, int], list]) -> None:
+    """``fn(shape, axis)``: the process groups along ``axis`` of a row-major mesh, each a list of ranks."""
+    cases = [((2, 2, 2), 2), ((2, 2, 2), 0), ((8, 4, 8), 1), ((8, 4, 8), 2), ((3, 5), 0), ((4,), 0), ((2, 3, 4), 1)]
+    for shape, axis in cases:
+        name = f"mesh_groups({shape}, axis={axis})"
+        try:
+            got = fn(shape, axis)
+        except NotImplementedError:
+            raise CheckFailed("mesh_groups: the exercise is not done yet (it raised NotImplementedError)") from None
+        except Exception as e:
+            raise CheckFailed(f"{name} raised {type(e).__name__}: {e}") from e
+        if got is None:
+            fail(name, "a list of groups", got, "did you forget to `return` the groups?")
+        try:
+            groups = sorted(sorted(int(r) for r in g) for g in got)
+        except TypeError:
+            fail(name, "a list of lists of ranks", got, "return one list of global ranks per group")
+        want = _ref_groups(shape, axis)
+        if groups == want:
+            continue
+        P, d = int(np.prod(shape)), shape[axis]
+        sizes = sorted({len(g) for g in groups})
+        if len(groups) != P // d:
+            hint = (f"an axis of size {d} in a mesh of {P} ranks gives {P // d} groups (one for every setting of "
+                    f"the other coordinates), got {len(groups)}")
+            if len(groups) == d and sizes == [P // d]:
+                hint += "; you grouped by the coordinate along the axis instead of by the other coordinates"
+        elif sizes != [d]:
+            hint = f"every group along axis {axis} has {d} ranks (the axis's size), got sizes {sizes}"
+        else:
+            hint = ("the ranks of a group differ only in their coordinate along the axis: fix the others and let "
+                    "that one run (np.moveaxis(ranks, axis, -1) puts it last)")
+        fail(f"{name} is wrong", want[:4], groups[:4], hint)
+    passed(f"mesh_groups: {len(cases)} meshes, every axis splits the world into disjoint groups")
+
+
+def check_axis_of(fn: Callable[[int, int, tuple, tuple], str | None]) -> None:
+    """``fn(a, b, shape, names)``: the name of the one axis on which ranks a and b differ, or None."""
+    shape, names = (2, 2, 2), ("pp", "dp", "tp")
+    cases = [(0, 1, "tp"), (0, 2, "dp"), (0, 4, "pp"), (5, 7, "dp"), (6, 7, "tp"), (3, 7, "pp"), (0, 3, None),
+             (1, 6, None), (2, 2, None)]
+    for a, b, want in cases:
+        try:
+            got = fn(a, b, shape, names)
+        except NotImplementedError:
+            raise CheckFailed("axis_of: the exercise is not done yet (it raised NotImplementedError)") from None
+        if got != want:
+            hint = ("a rank's coordinates are np.unravel_index(rank, shape): ranks 0 and 1 differ in the last "
+                    "(fastest) axis")
+            if want is None:
+                hint = "ranks that differ on two axes (or on none) share no group: return None"
+            fail(f"axis_of({a}, {b}, {shape}, {names}) is wrong", want, got, hint)
+    passed(f"axis_of: {len(cases)} pairs of ranks on a (pp, dp, tp) = (2, 2, 2) mesh")
+
+
+def _redistribute_body(fn, full, src, dst):
+    from minidist import dist
+
+    p, r = dist.get_world_size(), dist.get_rank()
+    local = {"R": full, "S0": np.array_split(full, p, 0)[r], "S1": np.array_split(full, p, 1)[r]}[src].copy()
+    t0 = dist.now()
+    out = fn(local, src, dst)
+    return out, dist.now() - t0
+
+
+def check_redistribute(fn: Callable[[np.ndarray, str, str], np.ndarray]) -> None:
+    """``fn(local, src, dst)`` on every rank: this rank's piece under placement ``dst`` ("R", "S0", "S1"), given
+    its piece under ``src``. Checked for the tensor each rank ends with and for the traffic (R -> S is free)."""
+    full = np.arange(48, dtype=np.float64).reshape(4, 12) + 0.5
+    for src, dst in [("S0", "R"), ("S1", "R"), ("R", "S0"), ("R", "S1"), ("S0", "S1"), ("S1", "S0")]:
+        for p in (2, 4):
+            res = run_ranks("redistribute", _redistribute_body, p, args=(fn, full, src, dst), timeout=5.0)
+            want = {"R": [full] * p, "S0": np.array_split(full, p, 0), "S1": np.array_split(full, p, 1)}[dst]
+            for r, (got, _) in enumerate(res.values):
+                got = None if got is None else np.asarray(got)
+                if got is None or got.shape != want[r].shape or not np.array_equal(got, want[r]):
+                    shape = None if got is None else got.shape
+                    hint = {"R": "Shard -> Replicate is an all-gather: every rank needs every piece",
+                            "S0": "rank r keeps rows [r n/p, (r+1) n/p) of the full tensor",
+                            "S1": "rank r keeps columns [r n/p, (r+1) n/p) of the full tensor"}[dst]
+                    if src[0] == "S" and dst[0] == "S":
+                        hint = ("one all-to-all: split your piece along the new dimension into p chunks, send chunk "
+                                "j to rank j, and join what arrives along the old dimension")
+                    fail(f"redistribute {src} -> {dst} on {p} ranks: rank {r} holds the wrong piece",
+                         f"shape {want[r].shape}", f"shape {shape}", hint)
+            spent = max(t for _, t in res.values)
+            if src == "R" and spent > 0:
+                fail(f"redistribute R -> {dst} on {p} ranks communicated", "no communication (0 s)",
+                     f"{spent * 1e6:.2f} us", "a replicated tensor already holds every shard: keep your own slice")
+            if src != "R" and spent == 0:
+                fail(f"redistribute {src} -> {dst} on {p} ranks sent nothing", "a collective", "no communication",
+                     "a shard holds only part of the data: the other ranks' parts must travel")
+    passed("redistribute: S -> R by all-gather, R -> S for free, S0 <-> S1 by one all-to-all (2 and 4 ranks)")
+
+
+def _ref_state_gb(psi, tp, pp, dp, zero1):
+    local = psi / (tp * pp)
+    return (2 * local + 2 * local + 12 * local / (dp if zero1 else 1)) / 1e9
+
+
+def check_state_per_gpu(fn: Callable[[float, int, int, int, bool], float]) -> None:
+    """``fn(psi, tp, pp, dp, zero1)``: GB of model state (2 + 2 + 12 bytes per parameter) on one GPU of a 3D layout."""
+    cases = [((175e9, 4, 8, 32, False), _ref_state_gb(175e9, 4, 8, 32, False),
+              "the book's chapter 24 exercise: about 87 GB without ZeRO"),
+             ((175e9, 4, 8, 32, True), _ref_state_gb(175e9, 4, 8, 32, True), "with ZeRO-1 over dp = 32: about 24 GB"),
+             ((175e9, 8, 16, 8, False), _ref_state_gb(175e9, 8, 16, 8, False), "Megatron's 175B layout: TP 8, PP 16"),
+             ((7e9, 1, 1, 64, True), _ref_state_gb(7e9, 1, 1, 64, True), "pure data parallelism with ZeRO-1")]
+
+    def diagnose(args, expected, got):
+        psi, tp, pp, dp, zero1 = args
+        if zero1 and math.isclose(got, _ref_state_gb(psi, tp, pp, dp, False), rel_tol=1e-9):
+            return "ZeRO-1 shards the 12 optimizer bytes over the dp ranks"
+        if math.isclose(got, expected * 1e9, rel_tol=1e-9):
+            return "answer in GB (1e9 bytes)"
+        if math.isclose(got, _ref_state_gb(psi, tp, pp, 1, zero1) / dp, rel_tol=1e-9) or \
+                math.isclose(got, 16 * psi / (tp * pp * dp) / 1e9, rel_tol=1e-9):
+            return "data parallelism replicates the weights and gradients: only tp and pp divide them"
+        return "tp and pp split the parameters, so each GPU holds psi / (tp pp) of them, at 2 + 2 + 12 bytes"
+
+    check_cases("state_per_gpu", fn, cases, rel=1e-6, diagnose=diagnose)

@@ -1,0 +1,96 @@
+"""Lab 15's checks accept the right answers and explain the usual wrong ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.labs import CheckFailed
+
+
+def groups_right(shape, axis):
+    ranks = np.arange(int(np.prod(shape))).reshape(shape)
+    return np.moveaxis(ranks, axis, -1).reshape(-1, shape[axis]).tolist()
+
+
+def test_mesh_groups_accepts_slices_and_names_the_usual_mistakes(capsys):
+    md.labs.check_mesh_groups(groups_right)
+    assert "ok: mesh_groups" in capsys.readouterr().out
+
+    def by_own_coordinate(shape, axis):  # groups of ranks that share the coordinate *along* the axis
+        ranks = np.arange(int(np.prod(shape))).reshape(shape)
+        return [np.take(ranks, i, axis=axis).reshape(-1).tolist() for i in range(shape[axis])]
+
+    with pytest.raises(CheckFailed, match="grouped by the coordinate along the axis"):
+        md.labs.check_mesh_groups(by_own_coordinate)
+
+    def contiguous(shape, axis):  # blocks of consecutive ranks: right only for the last axis
+        n = int(np.prod(shape))
+        return np.arange(n).reshape(-1, shape[axis]).tolist()
+
+    with pytest.raises(CheckFailed, match="differ only in their coordinate along the axis"):
+        md.labs.check_mesh_groups(contiguous)
+
+
+def test_axis_of_accepts_coordinates_and_rejects_two_axis_pairs():
+    def right(a, b, shape, names):
+        d = [n for n, x, y in zip(names, np.unravel_index(a, shape), np.unravel_index(b, shape)) if x != y]
+        return d[0] if len(d) == 1 else None
+
+    md.labs.check_axis_of(right)
+
+    def first_difference(a, b, shape, names):
+        d = [n for n, x, y in zip(names, np.unravel_index(a, shape), np.unravel_index(b, shape)) if x != y]
+        return d[0] if d else None
+
+    with pytest.raises(CheckFailed, match="differ on two axes"):
+        md.labs.check_axis_of(first_difference)
+
+    def column_major(a, b, shape, names):
+        return right(a, b, shape[::-1], names[::-1])
+
+    with pytest.raises(CheckFailed, match="unravel_index"):
+        md.labs.check_axis_of(column_major)
+
+
+def _redistribute(local, src, dst, free_copy=False):
+    p, r = md.dist.get_world_size(), md.dist.get_rank()
+    if src == "R":
+        if free_copy:
+            return np.array_split(local, p, axis=int(dst[1]))[r].copy()
+        pieces = [np.empty_like(local) for _ in range(p)]
+        md.dist.all_gather(pieces, local)  # needless traffic
+        return np.array_split(local, p, axis=int(dst[1]))[r].copy()
+    pieces = [np.empty_like(local) for _ in range(p)]
+    md.dist.all_gather(pieces, np.ascontiguousarray(local))
+    full = np.concatenate(pieces, axis=int(src[1]))
+    return full if dst == "R" else np.array_split(full, p, axis=int(dst[1]))[r].copy()
+
+
+def test_redistribute_checks_the_pieces_and_that_replicate_to_shard_is_free():
+    md.labs.check_redistribute(lambda local, src, dst: _redistribute(local, src, dst, free_copy=True))
+    with pytest.raises(CheckFailed, match="R -> S0 on 2 ranks communicated"):
+        md.labs.check_redistribute(_redistribute)
+
+    def rows_for_columns(local, src, dst):
+        out = _redistribute(local, src, dst, free_copy=True)
+        if dst == "S1" and src == "R":
+            p, r = md.dist.get_world_size(), md.dist.get_rank()
+            return np.array_split(local, p, axis=0)[r].copy()
+        return out
+
+    with pytest.raises(CheckFailed, match="keeps columns"):
+        md.labs.check_redistribute(rows_for_columns)
+
+
+def test_state_per_gpu_knows_what_each_axis_divides():
+    def right(psi, tp, pp, dp, zero1):
+        local = psi / (tp * pp)
+        return (4 * local + 12 * local / (dp if zero1 else 1)) / 1e9
+
+    md.labs.check_state_per_gpu(right)
+    with pytest.raises(CheckFailed, match="ZeRO-1 shards the 12 optimizer bytes"):
+        md.labs.check_state_per_gpu(lambda psi, tp, pp, dp, zero1: right(psi, tp, pp, dp, False))
+    with pytest.raises(CheckFailed, match="replicates the weights and gradients"):
+        md.labs.check_state_per_gpu(lambda psi, tp, pp, dp, zero1: 16 * psi / (tp * pp * dp) / 1e9)
