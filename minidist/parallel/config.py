@@ -25,8 +25,9 @@ ValueError before any rank starts:
 * for a reason of meaning: a mixture-of-experts model with ``microbatches > 1`` (expert capacity and
   the load-balancing loss are statistics of the whole batch; per micro-batch they define another
   objective); capacity dropping with ``cp > 1``; ``dropout > 0`` (masks would differ by layout);
+  Ulysses when a rank's ``n_heads / tp`` query heads do not divide over ``cp``;
 * because the composition is not built yet (``tests/data/compose_refused.txt`` lists them): pipeline
-  parallelism with ZeRO, FSDP, recomputation, offloading, cp or ep; cp, ep or MoE with tp or sequence
+  parallelism with ZeRO-3, FSDP, offloading, cp, ep or MoE; ep or MoE with tp; cp with sequence
   parallelism; MoE with ZeRO or FSDP.
 """
 

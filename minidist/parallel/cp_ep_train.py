@@ -38,17 +38,24 @@ def check_layout(cfg, pc) -> None:
         raise ValueError(f"parallel.train: cp_method must be one of {METHODS}, got {pc.cp_method!r}")
     if pc.cp_layout not in LAYOUTS:
         raise ValueError(f"parallel.train: cp_layout must be one of {LAYOUTS}, got {pc.cp_layout!r}")
-    if (pc.cp > 1 or pc.ep > 1 or cfg.n_experts) and (pc.tp > 1 or pc.pp > 1 or pc.sequence_parallel):
-        raise ValueError("parallel.train: cp, ep and mixture-of-experts models do not compose with tp, "
-                         f"sequence_parallel or pp yet; got cp={pc.cp}, ep={pc.ep}, n_experts={cfg.n_experts}, "
-                         f"tp={pc.tp}, pp={pc.pp}")
+    if (pc.ep > 1 or cfg.n_experts) and (pc.tp > 1 or pc.sequence_parallel):
+        raise ValueError("parallel.train: ep and mixture-of-experts models do not compose with tp or "
+                         f"sequence_parallel yet (tp does not split experts); got ep={pc.ep}, "
+                         f"n_experts={cfg.n_experts}, tp={pc.tp}")
+    if pc.cp > 1 and pc.sequence_parallel:
+        raise ValueError("parallel.train: cp with sequence_parallel is not built yet (both would cut the "
+                         "sequence and the positions); use tp without sequence_parallel with cp")
+    if (pc.cp > 1 or pc.ep > 1 or cfg.n_experts) and pc.pp > 1:
+        raise ValueError("parallel.train: cp, ep and mixture-of-experts models do not compose with pp yet; "
+                         f"got cp={pc.cp}, ep={pc.ep}, n_experts={cfg.n_experts}, pp={pc.pp}")
     if pc.cp > 1:
         pieces = pc.cp * (2 if pc.cp_layout == "zigzag" else 1)
         if cfg.seq_len % pieces:
             raise ValueError(f"parallel.train: seq_len={cfg.seq_len} must split into {pieces} equal chunks "
                              f"(cp={pc.cp}, cp_layout={pc.cp_layout!r})")
-        if pc.cp_method == "ulysses" and cfg.n_heads % pc.cp:
-            raise ValueError(f"parallel.train: Ulysses needs n_heads ({cfg.n_heads}) divisible by cp={pc.cp}")
+        if pc.cp_method == "ulysses" and (cfg.n_heads // pc.tp) % pc.cp:
+            raise ValueError(f"parallel.train: Ulysses deals each rank's {cfg.n_heads // pc.tp} query heads "
+                             f"(n_heads={cfg.n_heads} / tp={pc.tp}) out over cp={pc.cp}: they must divide evenly")
     if pc.ep > 1:
         if not cfg.n_experts:
             raise ValueError(f"parallel.train: ep={pc.ep} needs a mixture-of-experts model (GPTConfig(n_experts=...))")

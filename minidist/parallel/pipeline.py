@@ -34,6 +34,7 @@ from minidist.autograd import Tensor, no_grad
 from minidist.autograd import cost as _cost
 from minidist.autograd import functional as F
 from minidist.parallel.memory import graph_bytes
+from minidist.parallel.recompute import run_checkpointed
 from minidist.parallel.schedules import Action, Schedule
 from minidist.parallel.split_backward import WeightGradStore
 
@@ -130,10 +131,16 @@ def _fixed_cost(clock, name: str, seconds: float):
 
 
 class Chunk:
-    """One virtual stage: blocks ``[lo, hi)``, with the embeddings if first and the head if last."""
+    """One virtual stage: blocks ``[lo, hi)``, with the embeddings if first and the head if last.
 
-    def __init__(self, model, lo: int, hi: int, first: bool, last: bool) -> None:
+    ``recompute_every`` k (None: keep every activation) runs the blocks in checkpointed segments of k,
+    as ``md.parallel.train`` does without a pipeline: a stage then holds only its segment inputs per
+    micro-batch in flight, and rebuilds one segment at a time in the backward.
+    """
+
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool, recompute_every: int | None = None) -> None:
         self.model, self.lo, self.hi, self.first, self.last = model, lo, hi, first, last
+        self.every = recompute_every
 
     def prefixes(self) -> list[str]:
         names = [f"blocks.{i}." for i in range(self.lo, self.hi)]
@@ -146,14 +153,25 @@ class Chunk:
         if self.first:
             T = x.shape[1]
             x = m.drop(m.wte(x) + m.wpe(np.arange(T)))
-        for i in range(self.lo, self.hi):
-            x = m.blocks[i](x)
+        if self.every is None:
+            for i in range(self.lo, self.hi):
+                x = m.blocks[i](x)
+        else:
+            for lo in range(self.lo, self.hi, self.every):
+                blocks = [m.blocks[i] for i in range(lo, min(lo + self.every, self.hi))]
+                x = run_checkpointed(lambda h, blocks=blocks: _through(blocks, h), x, None)
         if self.last:
             B, T = targets.shape
             logits = m.lm_head(m.ln_f(x))
             loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: the vocabulary-parallel loss
             return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
         return x
+
+
+def _through(blocks, x):
+    for block in blocks:
+        x = block(x)
+    return x
 
 
 class PipelineExecutor:
@@ -166,7 +184,7 @@ class PipelineExecutor:
     """
 
     def __init__(self, model, ranks: Sequence[int], stage: int, layout: Sequence[tuple[int, int]],
-                 unit_costs: dict | None = None, ledger=None) -> None:
+                 unit_costs: dict | None = None, ledger=None, recompute_every: int | None = None) -> None:
         p = len(ranks)
         if len(layout) % p:
             raise ValueError(f"PipelineExecutor: {len(layout)} virtual stages do not divide among {p} ranks")
@@ -180,7 +198,8 @@ class PipelineExecutor:
         self.v = len(layout) // p
         self.nvs = len(layout)
         self.chunks = [Chunk(model, *layout[c * p + stage], first=c * p + stage == 0,
-                             last=c * p + stage == self.nvs - 1) for c in range(self.v)]
+                             last=c * p + stage == self.nvs - 1, recompute_every=recompute_every)
+                       for c in range(self.v)]
         self.unit_costs, self.ledger = unit_costs, ledger
         tp = getattr(model, "tp", None)  # a tensor-parallel GPT: with sequence parallelism stages pass T/t shards
         self.seq_shards = tp.size if tp is not None and tp.sequence_parallel else 1

@@ -41,10 +41,10 @@ def build_schedule(config, n_layers: int):
 
 def check_pipeline(model_config, pc) -> None:
     """Reject, before any process starts, a pipeline layout this trainer cannot run."""
-    if pc.zero_stage or pc.fsdp or pc.recompute is not None or pc.offload is not None or pc.cp > 1 or pc.ep > 1:
-        raise ValueError("parallel.train: pp > 1 composes with dp (plain DDP) and tp (with or without sequence "
-                         "parallelism) for now; ZeRO, FSDP, recompute, offload, cp and ep with pipelining are not "
-                         "implemented yet")
+    if pc.shards_params or pc.offload is not None or pc.cp > 1 or pc.ep > 1:
+        raise ValueError("parallel.train: pp > 1 composes with dp (DDP, ZeRO-1, ZeRO-2), tp (with or without "
+                         "sequence parallelism) and recompute for now; ZeRO-3, FSDP, offload, cp and ep with "
+                         "pipelining are not implemented yet")
     if model_config.tie_embeddings:
         raise ValueError("parallel.train: tie_embeddings=True puts one matrix on the first and the last pipeline "
                          "stage; untie it for pp > 1")
@@ -64,7 +64,9 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     from minidist.parallel.memory import state_bytes_per_param
     from minidist.parallel.mesh import build_mesh
     from minidist.parallel.pipeline import PipelineExecutor, layer_costs, stage_layout
+    from minidist.parallel.recompute import selective_core
     from minidist.parallel.train import split_sizes
+    from minidist.parallel.zero import ZeroOptimizer
     from minidist.runtime.context import current
 
     check_pipeline(model_config, pc)
@@ -93,8 +95,15 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
         tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
         model = tensor_parallelize(model, tpg)
         tp_axes = shard_axes(model)  # of the whole model, so the trainer can merge every stage's blocks
-    ex = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout, ledger=ledger)
-    strat = DataParallel(ex.named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
+    if pc.recompute == "selective":
+        for block in model.blocks:  # wrap whichever attention core is installed (dense or tensor-parallel)
+            block.attn.core = selective_core(block.attn.core, None)
+    ex = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout, ledger=ledger,
+                          recompute_every=pc.recompute_every)
+    if pc.zero_stage in (1, 2):  # the stage's optimizer state (and with 2 its gradients) sharded over dp
+        strat = ZeroOptimizer(pc.zero_stage, ex.named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
+    else:
+        strat = DataParallel(ex.named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
     opt = FlatOptimizer(optimizer, **hyper)
     strat.setup(ledger, state_bytes_per_param(model_config.dtype, optimizer))
     losses, windows, grads = [], [], None

@@ -54,7 +54,14 @@ class TrainResult:
 def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
     if "full" in st:  # replicated, or (pipeline stages) each rank holds some whole parameters
         return {k: v for s in per_rank for k, v in s["full"].items()}
-    return assemble(st["meta"], [s["shards"] for s in per_rank])
+    # sharded: the ranks holding the same units (one pipeline stage's replicas) join their shards in rank order
+    same_units: dict[tuple, list[dict]] = {}
+    for s in per_rank:
+        same_units.setdefault(tuple(tuple(u["names"]) for u in s["meta"]), []).append(s)
+    out = {}
+    for ranks in same_units.values():
+        out.update(assemble(ranks[0]["meta"], [s["shards"] for s in ranks]))
+    return out
 
 
 def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
