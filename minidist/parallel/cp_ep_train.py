@@ -28,8 +28,10 @@ import numpy as np
 
 from minidist.nn.moe import idle_expert_params
 from minidist.parallel.context_parallel import LAYOUTS, METHODS, CPGroup, context_parallelize
+from minidist.parallel.data_parallel import DataParallel, make_buckets
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize, is_expert_param
 from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD
+from minidist.parallel.zero import ZeroOptimizer
 
 
 def check_layout(cfg, pc) -> None:
@@ -71,9 +73,10 @@ def check_layout(cfg, pc) -> None:
                          "the load-balancing loss are statistics of the whole batch, and accumulating micro-batches "
                          "would compute them per micro-batch, a different objective "
                          f"(got microbatches={pc.microbatches})")
-    if cfg.n_experts and (pc.zero_stage or pc.fsdp):
-        raise ValueError("parallel.train: mixture-of-experts models train with zero_stage=0 (replicated or "
-                         f"expert-parallel weights); got zero_stage={pc.zero_stage}, fsdp={pc.fsdp}")
+    if cfg.n_experts and pc.shards_params:
+        raise ValueError("parallel.train: mixture-of-experts models train with zero_stage 0, 1 or 2 for now "
+                         "(ZeRO-3 and FSDP, which gather a block's weights over one group, are not built for "
+                         f"experts that live on one ep rank); got zero_stage={pc.zero_stage}, fsdp={pc.fsdp}")
 
 
 class TokenPlan:
@@ -100,26 +103,41 @@ class TokenPlan:
         """This rank's positions of a (rows, T) batch."""
         return x if self.cp is None else self.cp.shard(x)
 
-    def reducer(self, named: list, bucket_bytes: float):
+    def reducer(self, named: list, bucket_bytes: float, zero_stage: int = 0):
         """The gradient reducer of an MoE model: dense weights over the data group, experts over theirs."""
-        return ExpertDataParallel(named, bucket_bytes, self, self.pc.algorithm)
+        return ExpertDataParallel(named, bucket_bytes, self, self.pc.algorithm, zero_stage)
+
+
+def expert_buckets(named: list, bucket_bytes: float) -> list[list]:
+    """Buckets that never mix two experts, so an expert no token reached is whole pieces to skip."""
+    by_expert: dict[str, list] = {}
+    for n, p in named:
+        by_expert.setdefault(n[:n.index(".experts.") + len(".experts.")] + n.split(".experts.")[1].split(".")[0],
+                             []).append((n, p))
+    return [b for group in reversed(list(by_expert.values())) for b in make_buckets(group, bucket_bytes)]
 
 
 class ExpertDataParallel:
-    """DDP with two reducers (dense over the data group, experts over the expert group), both launched
-    at the end of the backward; the same interface as :class:`DataParallel`."""
+    """Data parallelism with two reducers, dense weights over the data group and experts over the expert
+    group, both launched at the end of the backward in a fixed order; plain DDP or ZeRO-1/2 in each.
+    The same interface as :class:`DataParallel`."""
 
     accumulates_locally = True
 
-    def __init__(self, named: list, bucket_bytes: float, plan: TokenPlan, algorithm: str | None) -> None:
-        from minidist.parallel.data_parallel import DataParallel
-
+    def __init__(self, named: list, bucket_bytes: float, plan: TokenPlan, algorithm: str | None,
+                 zero_stage: int = 0) -> None:
         dense = [(n, p) for n, p in named if not is_expert_param(n)]
         experts = [(n, p) for n, p in named if is_expert_param(n)]
-        self.parts = [DataParallel(dense, bucket_bytes, plan.group, plan.size, plan.index, algorithm)]
+
+        def reducer(params, group, size, index, **kw):
+            if zero_stage:
+                return ZeroOptimizer(zero_stage, params, bucket_bytes, group, size, index, algorithm, **kw)
+            return DataParallel(params, bucket_bytes, group, size, index, algorithm, **kw)
+
+        self.parts = [reducer(dense, plan.group, plan.size, plan.index)]
         if experts:
-            self.parts.append(DataParallel(experts, bucket_bytes, plan.expert_group, plan.expert_size,
-                                           plan.expert_index, algorithm))
+            self.parts.append(reducer(experts, plan.expert_group, plan.expert_size, plan.expert_index,
+                                      buckets=expert_buckets(experts, bucket_bytes), name="expert_bucket"))
         for part in self.parts:
             part.sync = False  # no hook-driven launches: finish() reduces every bucket in order
 
@@ -141,14 +159,19 @@ class ExpertDataParallel:
     def skipped(self, model) -> frozenset[int]:
         """Indices into :meth:`pieces` of the experts no token reached: no gradient, so no update."""
         idle = idle_expert_params(model)
-        names = [n for part in self.parts for u in part.units for n in u.names]
-        return frozenset(i for i, n in enumerate(names) if n in idle)
+        names = [piece for part in self.parts for piece in part.piece_names()]
+        return frozenset(i for i, piece in enumerate(names) if all(n in idle for n in piece))
 
     def after_step(self, model) -> None:
-        model.zero_grad()
+        for part in self.parts:  # ZeRO: every rank updated its slice, an all-gather hands it to the others
+            part.after_step(model)
 
     def grad_state(self) -> dict:
-        return {"full": {k: v for part in self.parts for k, v in part.grad_state()["full"].items()}}
+        states = [part.grad_state() for part in self.parts]
+        if all("full" in st for st in states):
+            return {"full": {k: v for st in states for k, v in st["full"].items()}}
+        return {"shards": {k: v for st in states for k, v in st["shards"].items()},
+                "meta": [u for st in states for u in st["meta"]]}
 
     def param_state(self) -> dict:
         return {"full": {k: v for part in self.parts for k, v in part.param_state()["full"].items()}}

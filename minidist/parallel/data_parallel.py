@@ -50,10 +50,12 @@ class BucketedReducer(Hooks):
     """
 
     def __init__(self, named_params: list, bucket_bytes: float, group, dp: int, dp_rank: int,
-                 algorithm: str | None = None) -> None:
+                 algorithm: str | None = None, buckets: list[list] | None = None, name: str = "bucket") -> None:
+        """``buckets``: the parameters already cut into buckets (default: ``make_buckets``); ``name``: the
+        prefix of the buckets' unit names (two reducers in one rank need different ones)."""
         self.group, self.dp, self.algorithm = group, dp, algorithm
-        self.units = [FlatUnit(f"bucket.{i}", b, dp, dp_rank) for i, b in enumerate(make_buckets(named_params,
-                                                                                                bucket_bytes))]
+        cut = make_buckets(named_params, bucket_bytes) if buckets is None else buckets
+        self.units = [FlatUnit(f"{name}.{i}", b, dp, dp_rank) for i, b in enumerate(cut)]
         # Weights and gradients of a bucket live in flat buffers; each parameter's .data becomes a view.
         self.pflats = [u.flatten([p.data for p in u.params]) for u in self.units]
         for u, flat in zip(self.units, self.pflats):
@@ -132,6 +134,10 @@ class DataParallel(BucketedReducer):
         ledger.alloc("optimizer", n * state_bytes["optimizer"])
 
     accumulates_locally = True
+
+    def piece_names(self) -> list[list[str]]:
+        """The parameter names behind each of :meth:`pieces` (one each here)."""
+        return [[n] for u in self.units for n in u.names]
 
     def pieces(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(weight, averaged gradient) pairs the optimizer updates: every parameter, whole."""

@@ -54,13 +54,15 @@ class TrainResult:
 def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
     if "full" in st:  # replicated, or (pipeline stages) each rank holds some whole parameters
         return {k: v for s in per_rank for k, v in s["full"].items()}
-    # sharded: the ranks holding the same units (one pipeline stage's replicas) join their shards in rank order
-    same_units: dict[tuple, list[dict]] = {}
+    # sharded: each unit's shards, from the ranks that hold it (its group, in rank order), joined unit by unit;
+    # a pipeline stage's units or an expert's live on some ranks only
+    units: dict[tuple, tuple[dict, list]] = {}
     for s in per_rank:
-        same_units.setdefault(tuple(tuple(u["names"]) for u in s["meta"]), []).append(s)
+        for u in s["meta"]:
+            units.setdefault((u["name"], tuple(u["names"])), (u, []))[1].append({u["name"]: s["shards"][u["name"]]})
     out = {}
-    for ranks in same_units.values():
-        out.update(assemble(ranks[0]["meta"], [s["shards"] for s in ranks]))
+    for meta, shards in units.values():
+        out.update(assemble([meta], shards))
     return out
 
 
@@ -104,7 +106,7 @@ def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch
     named = list(model.named_parameters())
     sb = state_bytes_per_param(model_config.dtype, optimizer)
     if plan is not None and plan.has_experts:
-        strat = plan.reducer(named, pc.bucket_bytes)
+        strat = plan.reducer(named, pc.bucket_bytes, pc.zero_stage)
     elif pc.shards_params:
         strat = ShardedModel(model, group, dp, dp_rank, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm)
     elif pc.zero_stage in (1, 2):

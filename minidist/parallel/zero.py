@@ -87,6 +87,10 @@ class ZeroOptimizer(BucketedReducer):
                 for p in u.params:
                     p.grad = None
 
+    def piece_names(self) -> list[list[str]]:
+        """The parameter names behind each of :meth:`pieces` (a bucket's slice may cut through several)."""
+        return [list(u.names) for u in self.units]
+
     def pieces(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(weight slice, summed gradient slice) per bucket: the part of the model this rank updates."""
         if self.stage == 1:
