@@ -27,7 +27,7 @@ ValueError before any rank starts:
   objective); capacity dropping with ``cp > 1``; ``dropout > 0`` (masks would differ by layout);
   Ulysses when a rank's ``n_heads / tp`` query heads do not divide over ``cp``;
 * because the composition is not built yet (``tests/data/compose_refused.txt`` lists them): pipeline
-  parallelism with ZeRO-3, FSDP, offloading, cp, ep or MoE; ep or MoE with tp; cp with sequence
+  parallelism with ZeRO-3, FSDP, offloading, ep or MoE; ep or MoE with tp; cp with sequence
   parallelism; MoE with ZeRO-3 or FSDP.
 """
 

@@ -47,9 +47,9 @@ def check_layout(cfg, pc) -> None:
     if pc.cp > 1 and pc.sequence_parallel:
         raise ValueError("parallel.train: cp with sequence_parallel is not built yet (both would cut the "
                          "sequence and the positions); use tp without sequence_parallel with cp")
-    if (pc.cp > 1 or pc.ep > 1 or cfg.n_experts) and pc.pp > 1:
-        raise ValueError("parallel.train: cp, ep and mixture-of-experts models do not compose with pp yet; "
-                         f"got cp={pc.cp}, ep={pc.ep}, n_experts={cfg.n_experts}, pp={pc.pp}")
+    if (pc.ep > 1 or cfg.n_experts) and pc.pp > 1:
+        raise ValueError("parallel.train: ep and mixture-of-experts models do not compose with pp yet; "
+                         f"got ep={pc.ep}, n_experts={cfg.n_experts}, pp={pc.pp}")
     if pc.cp > 1:
         pieces = pc.cp * (2 if pc.cp_layout == "zigzag" else 1)
         if cfg.seq_len % pieces:

@@ -41,9 +41,9 @@ def build_schedule(config, n_layers: int):
 
 def check_pipeline(model_config, pc) -> None:
     """Reject, before any process starts, a pipeline layout this trainer cannot run."""
-    if pc.shards_params or pc.offload is not None or pc.cp > 1 or pc.ep > 1:
+    if pc.shards_params or pc.offload is not None or pc.ep > 1:
         raise ValueError("parallel.train: pp > 1 composes with dp (DDP, ZeRO-1, ZeRO-2), tp (with or without "
-                         "sequence parallelism) and recompute for now; ZeRO-3, FSDP, offload, cp and ep with "
+                         "sequence parallelism), cp and recompute for now; ZeRO-3, FSDP, offload and ep with "
                          "pipelining are not implemented yet")
     if model_config.tie_embeddings:
         raise ValueError("parallel.train: tie_embeddings=True puts one matrix on the first and the last pipeline "
@@ -59,10 +59,11 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     from minidist import dist
     from minidist.data import get_batch
     from minidist.nn import GPT
+    from minidist.parallel.context_parallel import CPGroup, context_parallelize
     from minidist.parallel.data_parallel import DataParallel
     from minidist.parallel.flat_optim import FlatOptimizer
     from minidist.parallel.memory import state_bytes_per_param
-    from minidist.parallel.mesh import build_mesh
+    from minidist.parallel.mesh import DENSE_GRAD, build_mesh
     from minidist.parallel.pipeline import PipelineExecutor, layer_costs, stage_layout
     from minidist.parallel.recompute import selective_core
     from minidist.parallel.train import split_sizes
@@ -78,9 +79,10 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     schedule = build_schedule(pc, model_config.n_layers)
     v = schedule.virtual
     rng = np.random.default_rng([seed, 2])
-    rows = split_sizes(global_batch, dp)
-    lo = sum(rows[:dp_rank])
-    mb_rows = split_sizes(rows[dp_rank], pc.microbatches)
+    part = mesh.get_local_rank("dp")  # this rank's share of the batch's sequences (cp splits positions instead)
+    rows = split_sizes(global_batch, pc.dp)
+    lo = sum(rows[:part])
+    mb_rows = split_sizes(rows[part], pc.microbatches)
     costs = None
     if balance == "measured":
         x, y = get_batch(tokens, max(mb_rows), model_config.seq_len, np.random.default_rng([seed, 3]))
@@ -95,6 +97,12 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
         tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
         model = tensor_parallelize(model, tpg)
         tp_axes = shard_axes(model)  # of the whole model, so the trainer can merge every stage's blocks
+    cp = None
+    if pc.cp > 1:  # every stage attends across its cp group; positions are this rank's share of each sequence
+        cp = CPGroup.of(mesh.get_group("cp"), pc.cp_layout, pc.algorithm)
+        context_parallelize(model, cp, pc.cp_method)
+        group = mesh.get_group(DENSE_GRAD)  # cp ranks hold replicas too: the gradient sums over dp x cp
+        dp, dp_rank = group.size(), group.group_rank(mesh.rank)
     if pc.recompute == "selective":
         for block in model.blocks:  # wrap whichever attention core is installed (dense or tensor-parallel)
             block.attn.core = selective_core(block.attn.core, None)
@@ -109,12 +117,14 @@ def rank_train(model_config, pc, steps: int, global_batch: int, seed: int, optim
     losses, windows, grads = [], [], None
     for step in range(steps):
         x, y = get_batch(tokens, global_batch, model_config.seq_len, rng)
-        x, y = x[lo:lo + rows[dp_rank]], y[lo:lo + rows[dp_rank]]
+        x, y = x[lo:lo + rows[part]], y[lo:lo + rows[part]]
+        if cp is not None:
+            x, y = cp.shard(x), cp.shard(y)
         cuts = np.cumsum([0] + mb_rows)
         t0 = dist.now()
         with strat.no_sync():
             loss = ex.run(schedule, [x[a:b] for a, b in zip(cuts, cuts[1:])],
-                          [y[a:b] for a, b in zip(cuts, cuts[1:])], [n / global_batch for n in mb_rows])
+                          [y[a:b] for a, b in zip(cuts, cuts[1:])], [n / global_batch / pc.cp for n in mb_rows])
         strat.finish()
         if step == steps - 1:
             grads = strat.grad_state()
