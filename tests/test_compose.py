@@ -198,3 +198,32 @@ def test_a_plan_of_the_estimator_runs_as_is():
     assert ran >= 3, f"only {ran} of {len(estimates)} planned layouts ran"
     moe = ParallelConfig.from_layout(replace(estimates[0].layout, dp=4, ep=2, pp=1, cp=1, schedule="1f1b"))
     assert (moe.dp, moe.ep, moe.world_size) == (2, 2, 4)
+
+
+def test_parallelize_is_the_one_place_and_its_loop_is_train_s():
+    """A hand-written rank loop over md.parallel.parallelize reproduces md.parallel.train's losses and weights."""
+    layout = ParallelConfig(dp=2, tp=2, cp=2, zero_stage=1, recompute="selective")
+    tokens = load_tokens(20_000, seed=0)[0]
+
+    def rank():
+        from minidist.parallel import build_mesh, parallelize
+        from minidist.parallel.flat_optim import FlatOptimizer
+        from minidist.parallel.memory import state_bytes_per_param
+
+        cfg = md.GPTConfig(**{**DENSE.__dict__, "dtype": "float64"})
+        mesh = build_mesh(layout)
+        opt = FlatOptimizer("adamw", lr=1e-3)
+        par = parallelize(md.GPT(cfg, seed=0), mesh, layout, opt, state_bytes_per_param("float64", "adamw"))
+        assert [type(par.engine).__name__, type(par.reducer).__name__] == ["MicroBatches", "ZeroOptimizer"]
+        rng, losses = np.random.default_rng([0, 2]), []
+        for _ in range(2):
+            xs, ys, weights = par.batch.split(*get_batch(tokens, 4, cfg.seq_len, rng))
+            losses.append(par.engine.run(xs, ys, weights))
+            opt.step(par.reducer.pieces())
+            par.reducer.after_step(par.model)
+        return mesh.get_local_rank("tp"), losses
+
+    res = md.launch(rank, world_size=layout.world_size)
+    by_hand = [sum(losses[s] for tp, losses in res if tp == 0) for s in range(2)]
+    trained = md.parallel.train(DENSE, layout, steps=2, global_batch=4)
+    assert max(abs(a - b) for a, b in zip(by_hand, trained.losses)) < 1e-12

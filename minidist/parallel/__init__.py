@@ -1,33 +1,38 @@
-"""Parallel training strategies on simulated devices, and ``train`` that composes them (Parts IV-V).
+"""Parallel training on simulated devices: the strategies, and ``parallelize``/``train`` that compose them.
 
-One idea per file: ``config`` (ParallelConfig), ``mesh`` (build_mesh: the only rank arithmetic), ``flat``
-(padded flat parameters), ``data_parallel`` (DDP: broadcast, buckets, async all-reduce, no_sync),
-``zero`` (stages 1-2), ``fsdp`` (stage 3 and FSDP: sharded weights gathered per layer),
+How a run is put together (Part VI): ``config`` (ParallelConfig, one description of a layout),
+``mesh`` (build_mesh: the only rank arithmetic), ``refusals`` (the layouts refused up front, and why),
+``parallelize`` (every strategy applied to one model in one documented order), ``engine`` (a step's
+micro-batches, one after another or as a pipeline schedule) and ``train`` (the one rank loop,
+``md.parallel.train``).
+
+Data parallelism and its memory savings (chapters 14, 19-22): ``data_parallel`` (DDP: broadcast,
+buckets, async all-reduce, no_sync), ``zero`` (stages 1-2), ``fsdp`` (stage 3 and FSDP: sharded
+weights gathered per layer), ``expert_data_parallel`` (dense and expert gradient groups side by
+side), ``flat`` (padded flat parameters), ``flat_optim`` (the elementwise update on any shard),
 ``recompute`` (activation checkpointing), ``offload`` (host tier), ``memory`` (ledger accounting),
-``flat_optim`` (the elementwise update on any shard), ``runner`` (a micro-batch's forward and
-backward with the strategies' hooks) and ``train`` (``md.parallel.train``).
+``runner`` (a micro-batch's forward and backward with the strategies' hooks).
 
-Tensor parallelism (issue 7): ``tensor_parallel`` (TPGroup, the conjugate f/g operators and their
+Tensor parallelism (chapter 15): ``tensor_parallel`` (TPGroup, the conjugate f/g operators and their
 sequence-parallel halves, column/row-parallel linears), ``sequence_parallel`` (norms, dropout and
 positions on sequence shards), ``vocab_parallel`` (embedding, head, cross-entropy split by
 vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(GPT)``).
 
-Pipeline parallelism (issue 8): ``schedules`` (schedules as data: GPipe, 1F1B, interleaved, ZB-H1;
+Pipeline parallelism (chapter 16): ``schedules`` (schedules as data: GPipe, 1F1B, interleaved, ZB-H1;
 the checker and simulator), ``split_backward`` (input- and weight-gradient passes for zero bubble),
-``pipeline`` (stage partitioning and the executor that runs any schedule), ``pipeline_train``
-(``train`` with ``pp > 1``, also with tensor parallelism inside the stages).
+``pipeline`` (stage partitioning and the executor that runs any schedule).
 
-Context and expert parallelism (issue 9): ``online_softmax`` (the (m, s, o) state, its associative
+Context and expert parallelism (chapters 17-18): ``online_softmax`` (the (m, s, o) state, its associative
 merge, blockwise attention), ``context_parallel`` (ring attention, zigzag layout, Ulysses),
-``expert_parallel`` (count exchange, all-to-all dispatch and combine), ``cp_ep_train`` (both inside
-``train``).
+``expert_parallel`` (count exchange, all-to-all dispatch and combine).
 """
 
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import FlatUnit
 from minidist.parallel.memory import graph_bytes, state_bytes_per_param
 from minidist.parallel.mesh import build_mesh
-from minidist.parallel.train import TrainResult, split_sizes, train
+from minidist.parallel.parallelize import Parallelized, parallelize, split_sizes
+from minidist.parallel.train import TrainResult, train
 
 # isort: split
 from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
@@ -44,8 +49,8 @@ from minidist.parallel.context_parallel import CPGroup, context_parallelize, rin
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
 from minidist.parallel.online_softmax import blockwise_attention
 
-__all__ = ["FlatUnit", "ParallelConfig", "build_mesh", "TrainResult", "graph_bytes", "split_sizes",
-           "state_bytes_per_param", "train"]
+__all__ = ["FlatUnit", "ParallelConfig", "Parallelized", "TrainResult", "build_mesh", "graph_bytes", "parallelize",
+           "split_sizes", "state_bytes_per_param", "train"]
 __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParallelEmbedding", "tensor_parallelize",
             "vocab_parallel_cross_entropy"]
 __all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", "expert_parallelize",

@@ -1,13 +1,13 @@
-"""``ParallelConfig``: one description of how a training run is split across devices (issue 6).
+"""``ParallelConfig``: one description of how a training run is split across devices (Parts IV-VI).
 
-The same dataclass carries every strategy of Parts IV-VI of the book: data parallelism (``dp``),
-ZeRO stages 1-3 (``zero_stage``), FSDP (``fsdp``), gradient accumulation (``microbatches``),
-activation recomputation (``recompute``) and offloading (``offload``) (issue 6); tensor parallelism
-(``tp``, issue 7), with ``sequence_parallel=True`` for Megatron's sequence parallelism; pipeline
-parallelism (``pp``, ``microbatches``, ``schedule``, ``virtual_stages``, ``pp_balance``, issue 8),
-alone, with dp and with tp inside the stages. Context parallelism (``cp``,
-with ``cp_method`` "ring" or "ulysses" and ``cp_layout`` "zigzag" or "contiguous") and expert
-parallelism (``ep``, for GPTs with ``n_experts``) landed with issue 9 (``cp_ep_train.py``).
+The same dataclass carries every strategy: data parallelism (``dp``), ZeRO stages 1-3
+(``zero_stage``), FSDP (``fsdp``), gradient accumulation (``microbatches``), activation recomputation
+(``recompute``) and offloading (``offload``) (chapters 14, 19-22); tensor parallelism (``tp``), with
+``sequence_parallel=True`` for Megatron's sequence parallelism (chapter 15); pipeline parallelism
+(``pp``, ``microbatches``, ``schedule``, ``virtual_stages``, ``pp_balance``, chapter 16); context
+parallelism (``cp``, with ``cp_method`` "ring" or "ulysses" and ``cp_layout`` "zigzag" or
+"contiguous", chapter 17) and expert parallelism (``ep``, for GPTs with ``n_experts``, chapter 18).
+``md.parallel.build_mesh`` turns it into a device mesh and ``md.parallel.parallelize`` applies it.
 
 ``recompute``: ``None`` keeps every activation; ``"full"`` keeps only each layer's input (a
 checkpoint per layer); an int ``k`` keeps one input per segment of ``k`` layers, so a backward holds

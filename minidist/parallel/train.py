@@ -1,30 +1,35 @@
-"""``md.parallel.train``: train a GPT under any layout and measure it (issue 6; every lab from 08 on).
+"""``md.parallel.train``: train a GPT under any layout and measure it (every lab from 08 on).
 
 The same function is the experiment and its oracle. ``ParallelConfig()`` (one device) is plain
 training; any other layout must give the same loss every step, the same gradients and the same
-weights, while its simulated time, memory ledger and traffic show what the layout costs. Each
-micro-batch's loss is scaled by its share of the global batch (its sequences over the global
-batch's), so the summed gradient is the gradient of the global mean loss whatever the split.
+weights, while its simulated time, memory ledger and traffic show what the layout costs. Every rank
+runs the same loop: build the model from the seed, ``parallelize`` it (the one place that applies the
+strategies), then per step take its share of the batch, run the micro-batches, step the optimizer on
+what it owns. Each micro-batch's loss is scaled by its share of the global batch, so the summed
+gradient is the gradient of the global mean loss whatever the split.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from minidist import dist
+from minidist.data import get_batch, load_tokens
+from minidist.hardware.cluster import Cluster
+from minidist.nn import GPT
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import assemble
 from minidist.parallel.flat_optim import FlatOptimizer
-from minidist.parallel.memory import ActivationLedger, state_bytes_per_param
-from minidist.parallel.mesh import build_mesh
-
-
-def split_sizes(n: int, parts: int) -> list[int]:
-    """``n`` items in ``parts`` nearly equal consecutive parts (the first ``n % parts`` get one more)."""
-    base, extra = divmod(n, parts)
-    return [base + (i < extra) for i in range(parts)]
+from minidist.parallel.memory import state_bytes_per_param
+from minidist.parallel.mesh import DENSE_GRAD, build_mesh
+from minidist.parallel.parallelize import parallelize, split_sizes
+from minidist.parallel.pipeline import layer_costs
+from minidist.parallel.refusals import check_layout
+from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
+from minidist.runtime import launch
+from minidist.runtime.context import current
 
 
 @dataclass
@@ -66,107 +71,43 @@ def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
     return out
 
 
-def _rank_train(model_config, parallel: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
+def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
                 hyper: dict, tokens: np.ndarray) -> dict:
-    from minidist import dist
-    from minidist.data import get_batch
-    from minidist.nn import GPT
-    from minidist.parallel.data_parallel import DataParallel
-    from minidist.parallel.fsdp import ShardedModel
-    from minidist.parallel.offload import HostOptimizer, HostParams, HostTier
-    from minidist.parallel.runner import Runner
-    from minidist.parallel.zero import ZeroOptimizer
-    from minidist.runtime.context import current
-
-    pc = parallel
-    if pc.pp > 1:
-        from minidist.parallel.pipeline_train import rank_train
-
-        return rank_train(model_config, pc, steps, global_batch, seed, optimizer, hyper, tokens, pc.pp_balance)
+    """One rank of every layout: build the model, ``parallelize`` it, train it. The same loop for all."""
     mesh = build_mesh(pc)
-    group, dp, dp_rank = mesh.get_group("dp"), pc.dp, mesh.get_local_rank("dp")
-    ledger = dist.memory()
     clock = current("md.parallel.train").clock
     model = GPT(model_config, seed=seed)
     num_params = model.num_parameters()
-    tp_axes = None
-    if pc.tp > 1 or pc.sequence_parallel:  # this rank's tensor-parallel share of the model (issue 7)
-        from minidist.parallel.tensor_parallel import TPGroup
-        from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
-
-        tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
-        model = tensor_parallelize(model, tpg)
-        tp_axes = shard_axes(model)
-    plan = None
-    if pc.cp > 1 or pc.ep > 1 or model_config.n_experts:  # tokens split over dp x ep x cp (issue 9)
-        from minidist.parallel.cp_ep_train import TokenPlan
-
-        plan = TokenPlan(model, mesh, pc)
-        group, dp, dp_rank = plan.group, plan.size, plan.index
-    named = list(model.named_parameters())
-    sb = state_bytes_per_param(model_config.dtype, optimizer)
-    if plan is not None and plan.has_experts:
-        strat = plan.reducer(named, pc.bucket_bytes, pc.zero_stage)
-    elif pc.shards_params:
-        strat = ShardedModel(model, group, dp, dp_rank, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm)
-    elif pc.zero_stage in (1, 2):
-        strat = ZeroOptimizer(pc.zero_stage, named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
-    else:
-        strat = DataParallel(named, pc.bucket_bytes, group, dp, dp_rank, pc.algorithm)
+    costs = None
+    if pc.pp > 1 and pc.pp_balance == "measured":  # cut the stages by each block's measured cost
+        largest = split_sizes(split_sizes(global_batch, pc.dp)[0], pc.microbatches)[0]
+        x, y = get_batch(tokens, largest, model_config.seq_len, np.random.default_rng([seed, 3]))
+        costs = layer_costs(model, x, y)
     opt = FlatOptimizer(optimizer, **hyper)
-    host = None
-    if pc.offload:
-        tier = HostTier(clock, dist.cluster(), dist.get_rank(), dist.get_world_size())
-        if pc.offload == "optimizer+params":
-            strat.host = HostParams(strat.shards, tier, clock)
-        host = HostOptimizer(opt, clock, tier, sb, params_on_host=pc.offload == "optimizer+params")
-    strat.setup(ledger, dict(sb, optimizer=0) if host else sb)
-    if host is not None:
-        host.setup(strat.pieces())
-    acts = ActivationLedger(ledger)
-    runner = Runner(model, pc, acts, strat if pc.shards_params else None)
-
+    par = parallelize(model, mesh, pc, opt, state_bytes_per_param(model_config.dtype, optimizer), costs)
+    reducer = par.reducer
     rng = np.random.default_rng([seed, 2])
-    parts, part = (plan.batch_parts, plan.batch_index) if plan is not None else (dp, dp_rank)
-    share = plan.loss_share if plan is not None else 1.0  # cp ranks hold 1/cp of each sequence
-    rows = split_sizes(global_batch, parts)
-    lo = sum(rows[:part])
-    mb_rows = split_sizes(rows[part], pc.microbatches)
-    losses, windows = [], []
-    grads = None
+    losses, windows, grads = [], [], None
     for step in range(steps):
-        x, y = get_batch(tokens, global_batch, model_config.seq_len, rng)
-        x, y = x[lo:lo + rows[part]], y[lo:lo + rows[part]]
-        if plan is not None:
-            x, y = plan.shard(x), plan.shard(y)
+        xs, ys, weights = par.batch.split(*get_batch(tokens, global_batch, model_config.seq_len, rng))
         t0 = dist.now()
-        local, start = 0.0, 0
-        for i, n in enumerate(mb_rows):
-            last = i == len(mb_rows) - 1
-            quiet = strat.no_sync() if (not last and strat.accumulates_locally) else nullcontext()
-            with quiet:
-                loss = runner.loss(x[start:start + n], y[start:start + n])
-                runner.backward(loss, n / global_batch * share)
-            if last or not strat.accumulates_locally:
-                strat.finish()
-            local += float(loss.data) * n / global_batch * share
-            start += n
+        losses.append(par.engine.run(xs, ys, weights))
         if step == steps - 1:
-            grads = strat.grad_state()
-        pieces = strat.pieces()
-        skip = strat.skipped(model) if hasattr(strat, "skipped") else frozenset()  # experts no token reached
-        if host is not None:
-            host.step(pieces, skip)
+            grads = reducer.grad_state()
+        pieces = reducer.pieces()
+        skip = reducer.skipped(par.model) if hasattr(reducer, "skipped") else frozenset()  # experts no token reached
+        if par.host is not None:
+            par.host.step(pieces, skip)
         else:
             opt.step_on_device(pieces, model_config.dtype, skip)
-        strat.after_step(model)
+        reducer.after_step(par.model)
         clock.join(clock.end())
         windows.append((t0, dist.now()))
-        losses.append(local)
-    return {"losses": losses, "windows": windows, "grads": grads, "params": strat.param_state(),
-            "host": None if host is None else dict(host.ledger.peak),
-            "acts": acts.log,
-            "num_params": num_params, "tp_rank": mesh.get_local_rank("tp"), "dp_rank": dp_rank, "tp_axes": tp_axes}
+    return {"losses": losses, "windows": windows, "grads": grads, "params": reducer.param_state(),
+            "host": None if par.host is None else dict(par.host.ledger.peak),
+            "acts": [] if par.acts is None else par.acts.log, "num_params": num_params,
+            "tp_rank": mesh.get_local_rank("tp"), "dp_rank": mesh.get_group(DENSE_GRAD).group_rank(mesh.rank),
+            "tp_axes": par.tp_axes, **par.report}
 
 
 def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
@@ -182,10 +123,6 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     (PyTorch's AdamW) or ``"sgd"`` (with ``momentum``). Runs ``md.launch`` and returns a
     :class:`TrainResult`.
     """
-    from minidist.data import load_tokens
-    from minidist.hardware.cluster import Cluster
-    from minidist.runtime import launch
-
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
         pc = ParallelConfig.from_layout(pc)  # a layout of md.estimate.plan runs as is
@@ -194,31 +131,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
                         f"got {type(pc).__name__}")
     if steps < 1:
         raise ValueError(f"parallel.train: steps must be >= 1, got {steps}")
-    if global_batch < pc.dp * pc.microbatches:
-        raise ValueError(f"parallel.train: global_batch={global_batch} cannot give every one of dp={pc.dp} ranks "
-                         f"{pc.microbatches} micro-batch(es) of at least one sequence")
     cfg = replace(model_config, dtype=dtype)
-    if pc.pp > 1:
-        from minidist.parallel.pipeline_train import check_pipeline
-
-        check_pipeline(cfg, pc)
-    if cfg.dropout:
-        raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
-                         f"got {cfg.dropout}")
-    if cfg.tie_embeddings and pc.shards_params:
-        raise ValueError("parallel.train: tie_embeddings=True is not supported with zero_stage=3 or fsdp "
-                         "(the tied matrix would belong to two units)")
-    if pc.tp > 1 or pc.sequence_parallel:
-        from minidist.parallel.tensor_parallel_model import check_divisible
-
-        check_divisible(cfg, pc.tp, pc.sequence_parallel)
-    if pc.cp > 1 or pc.ep > 1 or cfg.n_experts:
-        from minidist.parallel.cp_ep_train import check_layout
-
-        check_layout(cfg, pc)
-        if global_batch < pc.dp * pc.ep * pc.microbatches:
-            raise ValueError(f"parallel.train: global_batch={global_batch} cannot give every one of dp x ep = "
-                             f"{pc.dp * pc.ep} ranks {pc.microbatches} micro-batch(es) of at least one sequence")
+    check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
     if tokens.max() >= cfg.vocab_size:
         raise ValueError(f"parallel.train: the data holds token id {int(tokens.max())} but vocab_size is "
@@ -241,8 +155,6 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     grads = _state(out[0]["grads"], [o["grads"] for o in out])
     rank_params = [o["params"]["full"] for o in out] if replicated else None
     if pc.tp > 1:
-        from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
-
         params, grads, rank_params = merge_tensor_parallel(out, _state, replicated)
     return TrainResult(
         losses=losses, params=params, grads=grads, time=time,

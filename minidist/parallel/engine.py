@@ -1,0 +1,47 @@
+"""How one rank runs the micro-batches of a step: one after another, or as a pipeline schedule.
+
+Gradients are sums, so a step's gradient is the sum of its micro-batches' gradients, each loss scaled
+by its micro-batch's share of the global batch (chapter 14's gradient accumulation). Without a pipeline
+the micro-batches run one after another and the data-parallel reducer stays quiet until the last one
+(``no_sync``) when it accumulates locally; with a pipeline (chapter 16) the schedule interleaves the
+stages' forwards and backwards and the reducer runs once the pipeline has flushed. Either way ``run``
+leaves the reduced gradient with the reducer and returns this rank's share of the loss.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+
+
+class MicroBatches:
+    """Gradient accumulation through a :class:`~minidist.parallel.runner.Runner`."""
+
+    def __init__(self, runner, reducer) -> None:
+        self.runner, self.reducer = runner, reducer
+
+    def run(self, xs: list[np.ndarray], ys: list[np.ndarray], weights: list[float]) -> float:
+        local, quiet_ok = 0.0, self.reducer.accumulates_locally
+        for i, (x, y, w) in enumerate(zip(xs, ys, weights)):
+            last = i == len(xs) - 1
+            with self.reducer.no_sync() if (not last and quiet_ok) else nullcontext():
+                loss = self.runner.loss(x, y)
+                self.runner.backward(loss, w)
+            if last or not quiet_ok:
+                self.reducer.finish()
+            local += float(loss.data) * w
+        return local
+
+
+class PipelineEngine:
+    """A pipeline schedule over this rank's stage (:class:`~minidist.parallel.pipeline.PipelineExecutor`)."""
+
+    def __init__(self, executor, schedule, reducer) -> None:
+        self.executor, self.schedule, self.reducer = executor, schedule, reducer
+
+    def run(self, xs: list[np.ndarray], ys: list[np.ndarray], weights: list[float]) -> float:
+        with self.reducer.no_sync():
+            loss = self.executor.run(self.schedule, xs, ys, weights)
+        self.reducer.finish()
+        return loss

@@ -1,0 +1,160 @@
+"""``parallelize(model, mesh, config)``: every parallelism is a transformation of one model, applied in one place.
+
+torchtitan's ``parallelize_fn`` in our size. Each strategy rests on its own property, acts on its own
+mesh axis and leaves a seam for the next, so they compose when applied in this order:
+
+1. **pipeline** (pp, separability): cut the layers into stages first; everything below acts on a stage.
+2. **tensor and sequence parallelism** (tp, linearity): split each block's matrices into column and row
+   blocks; the attention keeps a replaceable core between its projections.
+3. **context parallelism** (cp, the associative online softmax): the attention core attends across the
+   cp ranks, each holding a share of every sequence's positions.
+4. **expert parallelism** (ep, sparsity): each MoE layer keeps its experts and routes tokens by all-to-all.
+5. **recomputation** (determinism): selective wraps whichever attention core 2-4 installed; full or every
+   k layers checkpoints block segments.
+6. **data parallelism** (associativity) per gradient group: DDP, ZeRO-1/2 or ZeRO-3/FSDP over the ranks
+   holding copies of a weight: the dense group (dp, ep, cp) and, for experts, the expert group (dp, cp).
+7. **offloading**: the optimizer state (and with ZeRO-3 the weights) move to the host tier.
+
+The result is what the one rank loop of ``md.parallel.train`` trains: an engine that runs a step's
+micro-batches, the reducer that holds the gradients, and this rank's share of every batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minidist import dist
+from minidist.parallel.config import ParallelConfig
+from minidist.parallel.context_parallel import CPGroup, context_parallelize
+from minidist.parallel.data_parallel import DataParallel
+from minidist.parallel.engine import MicroBatches, PipelineEngine
+from minidist.parallel.expert_data_parallel import ExpertDataParallel
+from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
+from minidist.parallel.flat_optim import FlatOptimizer
+from minidist.parallel.fsdp import ShardedModel
+from minidist.parallel.memory import ActivationLedger
+from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD
+from minidist.parallel.offload import HostOptimizer, HostParams, HostTier
+from minidist.parallel.pipeline import PipelineExecutor, stage_layout
+from minidist.parallel.recompute import selective_core
+from minidist.parallel.refusals import build_schedule
+from minidist.parallel.runner import Runner
+from minidist.parallel.tensor_parallel import TPGroup
+from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
+from minidist.parallel.zero import ZeroOptimizer
+from minidist.runtime.context import current
+from minidist.runtime.mesh import DeviceMesh
+
+
+def split_sizes(n: int, parts: int) -> list[int]:
+    """``n`` items in ``parts`` nearly equal consecutive parts (the first ``n % parts`` get one more)."""
+    base, extra = divmod(n, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+@dataclass
+class BatchShare:
+    """Which part of every global batch one rank computes on: rows ``index`` of ``parts`` (dp x ep split the
+    sequences), then its positions when cp > 1, cut into micro-batches. Each micro-batch's loss weight
+    is its share of the global batch, so the summed gradient is that of the global mean loss."""
+
+    parts: int
+    index: int
+    microbatches: int
+    cp: CPGroup | None = None
+
+    def split(self, x: np.ndarray, y: np.ndarray) -> tuple[list, list, list[float]]:
+        """This rank's micro-batches of a global batch ``(x, y)``: inputs, targets and loss weights."""
+        total = x.shape[0]
+        rows = split_sizes(total, self.parts)
+        lo = sum(rows[:self.index])
+        x, y = x[lo:lo + rows[self.index]], y[lo:lo + rows[self.index]]
+        share = 1.0
+        if self.cp is not None:
+            x, y, share = self.cp.shard(x), self.cp.shard(y), 1.0 / self.cp.size
+        cuts = np.cumsum([0] + split_sizes(rows[self.index], self.microbatches))
+        return ([x[a:b] for a, b in zip(cuts, cuts[1:])], [y[a:b] for a, b in zip(cuts, cuts[1:])],
+                [(b - a) / total * share for a, b in zip(cuts, cuts[1:])])
+
+
+@dataclass
+class Parallelized:
+    """What ``parallelize`` returns: the transformed model and what the rank loop needs to train it."""
+
+    model: object
+    reducer: object
+    engine: object
+    batch: BatchShare
+    host: HostOptimizer | None = None
+    acts: ActivationLedger | None = None
+    tp_axes: dict | None = None
+    report: dict = field(default_factory=dict)  # what the trainer passes on (pipeline stage and layout)
+
+
+def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: FlatOptimizer, state_bytes: dict,
+                layer_costs: list[float] | None = None) -> Parallelized:
+    """Apply ``config``'s parallelisms to ``model`` (a GPT built from the same seed on every rank) on ``mesh``.
+
+    Call inside ``md.launch``. ``optimizer`` is what the rank loop steps (offloading moves it to the
+    host); ``state_bytes`` the bytes per parameter to book on the memory ledger; ``layer_costs`` the
+    measured cost of each block, for ``pp_balance="measured"``.
+    """
+    pc, ledger = config, dist.memory()
+    executor = schedule = None
+    if pc.pp > 1:  # 1. stages first: everything below transforms the model, the executor runs this rank's stage
+        schedule = build_schedule(pc, model.config.n_layers)
+        layout = stage_layout(model.config.n_layers, pc.pp, schedule.virtual, layer_costs)
+    tp_axes = None
+    if pc.tp > 1 or pc.sequence_parallel:  # 2.
+        tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
+        model = tensor_parallelize(model, tpg)
+        tp_axes = shard_axes(model)
+    cp = None
+    if pc.cp > 1:  # 3.
+        cp = CPGroup.of(mesh.get_group("cp"), pc.cp_layout, pc.algorithm)
+        context_parallelize(model, cp, pc.cp_method)
+    dense_group = mesh.get_group(DENSE_GRAD)
+    if model.config.n_experts:  # 4. (ep = 1 too: the routing counts of the whole batch, over the data group)
+        expert_parallelize(model, EPGroup.of(mesh.get_group("ep"), dense_group if dense_group.size() > 1 else None,
+                                             pc.algorithm))
+    if pc.recompute == "selective" and pc.pp > 1:  # 5. (without a pipeline the runner wraps, with its ledger)
+        for block in model.blocks:
+            block.attn.core = selective_core(block.attn.core, None)
+    if pc.pp > 1:
+        executor = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout,
+                                    ledger=ledger, recompute_every=pc.recompute_every)
+    named = executor.named if executor is not None else list(model.named_parameters())
+    reducer = _data_parallel(model, named, mesh, pc)  # 6.
+    host = None
+    if pc.offload:  # 7.
+        clock = current("md.parallel.parallelize").clock
+        tier = HostTier(clock, dist.cluster(), dist.get_rank(), dist.get_world_size())
+        if pc.offload == "optimizer+params":
+            reducer.host = HostParams(reducer.shards, tier, clock)
+        host = HostOptimizer(optimizer, clock, tier, state_bytes, params_on_host=pc.offload == "optimizer+params")
+    reducer.setup(ledger, dict(state_bytes, optimizer=0) if host else state_bytes)
+    if host is not None:
+        host.setup(reducer.pieces())
+    batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
+    if executor is not None:
+        return Parallelized(model, reducer, PipelineEngine(executor, schedule, reducer), batch, host, None, tp_axes,
+                            {"layout": layout, "stage": mesh.get_local_rank("pp")})
+    acts = ActivationLedger(ledger)
+    runner = Runner(model, pc, acts, reducer if pc.shards_params else None)
+    return Parallelized(model, reducer, MicroBatches(runner, reducer), batch, host, acts, tp_axes)
+
+
+def _data_parallel(model, named: list, mesh: DeviceMesh, pc: ParallelConfig):
+    """The data-parallel flavour of ``pc`` over the gradient groups of ``mesh``."""
+    group = mesh.get_group(DENSE_GRAD)
+    size, index = group.size(), group.group_rank(mesh.rank)
+    if model.config.n_experts:
+        return ExpertDataParallel(named, pc.bucket_bytes, group, mesh.get_group(EXPERT_GRAD), pc.algorithm,
+                                  pc.zero_stage)
+    if pc.shards_params:
+        return ShardedModel(model, group, size, index, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm)
+    if pc.zero_stage in (1, 2):
+        return ZeroOptimizer(pc.zero_stage, named, pc.bucket_bytes, group, size, index, pc.algorithm)
+    return DataParallel(named, pc.bucket_bytes, group, size, index, pc.algorithm)
