@@ -1,4 +1,4 @@
-"""Context parallelism (issue 9, chapter 17): the online-softmax merge, ring attention, Ulysses.
+"""Context parallelism (chapter 17, lab 11): the online-softmax merge, ring attention, Ulysses.
 
 The single-device attention is the oracle: every layout (cp 2 and 4, contiguous and zigzag,
 causal or not, grouped-query heads) must give the same outputs and the same q, k, v gradients in

@@ -1,4 +1,4 @@
-"""A GPT trained with context parallelism equals the single-device GPT (issue 9, chapter 17).
+"""A GPT trained with context parallelism equals the single-device GPT (chapter 17, lab 11).
 
 Each rank holds its positions of every sequence; the weights are replicated and their gradients
 averaged over the cp group. Three AdamW steps in float64: the loss every step, the gradients and

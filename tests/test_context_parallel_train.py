@@ -1,4 +1,4 @@
-"""md.parallel.train with cp and ep equals the single-device run (issue 9).
+"""md.parallel.train with cp and ep equals the single-device run (chapters 17-18, labs 11-12).
 
 float64, 3 AdamW steps: the loss every step, the last gradients and the final weights of every
 layout match ``ParallelConfig()`` (one device) for the same model, seed and global batch. Also: the

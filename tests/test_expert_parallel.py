@@ -1,4 +1,4 @@
-"""Expert parallelism equals the single-device MoE (issue 9, chapter 18).
+"""Expert parallelism equals the single-device MoE (chapter 18, lab 12).
 
 Every rank holds its rows of the global batch and E/ep experts. In float64 the outputs, the input
 gradients, the router gradient (summed over the group) and each expert's gradient (on its owner)

@@ -1,4 +1,4 @@
-"""The mixture-of-experts layer (issue 9, chapter 18): routing, capacity, losses, gradients, GPT hook.
+"""The mixture-of-experts layer (chapter 18, lab 12): routing, capacity, losses, gradients, GPT hook.
 
 The oracle is a per-token loop written as plainly as possible: each token goes to its top-k
 experts in decreasing probability; experts serve first choices before second choices and earlier

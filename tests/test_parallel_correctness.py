@@ -1,4 +1,4 @@
-"""Every layout of md.parallel.train reproduces the single-device run (issue 6, chapter 14 and 19-22).
+"""Every layout of md.parallel.train reproduces the single-device run (chapters 14 and 19-22, labs 08, 13, 14).
 
 float64, 3 AdamW steps: losses every step, the last step's gradients and the final weights match the
 one-device oracle to rtol 1e-10; replicated layouts keep bitwise identical weights on every rank.

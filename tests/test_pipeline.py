@@ -1,4 +1,4 @@
-"""Pipeline parallelism on simulated devices (issue 8, chapter 16).
+"""Pipeline parallelism on simulated devices (chapter 16, lab 10).
 
 * every schedule, pp in {2, 4}, m in {1, 4, 8}: losses, gradients and weights after 2 AdamW steps equal
   the single-device run (float64, rtol 1e-10); dp=2 as well in test_pipeline_dp.py;

@@ -1,4 +1,4 @@
-"""Pipeline parallelism inside data parallelism (issue 8): pp in {2, 4} x dp = 2, every schedule, m in
+"""Pipeline parallelism inside data parallelism (chapter 16, lab 10): pp in {2, 4} x dp = 2, every schedule, m in
 {1, 4, 8}: losses, gradients and weights after 2 AdamW steps equal the single-device run (float64)."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Pipeline schedules as data (issue 8, chapter 16): the checker, the simulated bubble and the partition.
+"""Pipeline schedules as data (chapter 16, lab 10): the checker, the simulated bubble and the partition.
 
 No processes here: schedules are checked and timed by walking the action lists, the way the ranks
 run them. The executed schedules (processes, simulated clock, ledger) are in test_pipeline.py.

@@ -1,4 +1,4 @@
-"""Pipeline parallelism with tensor parallelism inside each stage (issue 8's tp = 2 point; chapters 15-16, 23).
+"""Pipeline parallelism with tensor parallelism inside each stage (chapters 15-16 and 23, labs 10 and 15).
 
 * tp = 2 with and without sequence parallelism, pp in {2, 4}, every schedule (ZB-H1 included):
   losses, gradients and weights after 2 AdamW steps equal the single-device run (float64). The

@@ -1,4 +1,4 @@
-"""launch(): results, printed output, fork and spawn, failures that answer instead of hanging (issue 3)."""
+"""launch(): results, printed output, fork and spawn, failures that answer instead of hanging (lab 00)."""
 
 import os
 import signal

@@ -1,4 +1,4 @@
-"""Every collective against a plain numpy reference, world sizes 1..8 (issue 3).
+"""Every collective against a plain numpy reference, world sizes 1..8 (chapter 11, labs 05-07).
 
 ``check_collectives(algorithm)`` runs inside a rank and checks every collective (every op, several
 dtypes, roots, groups, uneven all-to-all) against numpy; other algorithm files reuse it.

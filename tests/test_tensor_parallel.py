@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism reproduce the single-device GPT (issue 7, chapters 15 and 17).
+"""Tensor and sequence parallelism reproduce the single-device GPT (chapters 15 and 17, lab 09).
 
 float64 throughout: losses equal, gradients (blocks gathered from every rank) equal to rtol 1e-10,
 and replicated parameters get bitwise identical gradients on every rank. Then the properties the

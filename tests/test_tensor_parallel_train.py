@@ -1,5 +1,5 @@
 """``md.parallel.train`` with ``ParallelConfig(tp=..., sequence_parallel=...)`` reproduces one device
-(issue 7): float64, 3 AdamW steps, alone and composed with data parallelism, ZeRO, FSDP, gradient
+(chapter 15, lab 09): float64, 3 AdamW steps, alone and composed with data parallelism, ZeRO, FSDP, gradient
 accumulation and recomputation; each rank's ledger holds its 1/tp of the split parameters.
 """
 

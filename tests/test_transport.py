@@ -1,4 +1,4 @@
-"""Point-to-point messages: shapes, dtypes, tags, chunking, Tensors, mismatches (issue 3)."""
+"""Point-to-point messages: shapes, dtypes, tags, chunking, Tensors, mismatches (lab 00)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""A small reverse-mode autograd on numpy arrays (issue 2, the foundation of every lab).
+"""A small reverse-mode autograd on numpy arrays (the foundation of every lab).
 
 The chain rule, organised as reverse accumulation over a DAG: the forward records, for each
 operation, its inputs and its local derivative; ``loss.backward()`` then visits the recorded
