@@ -155,8 +155,49 @@ def _ring_deadlock(x):
     md.dist.recv(x, (r - 1) % p)
 
 
+def _ring_whole_buffer(x):
+    """Correct, but sends the whole buffer p - 1 times instead of chunks (a naive ring)."""
+    import numpy as np
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    total, current = x.copy(), x.copy()
+    for _ in range(p - 1):
+        incoming = np.empty_like(x)
+        w = md.dist.isend(current, (r + 1) % p)
+        md.dist.recv(incoming, (r - 1) % p)
+        w.wait()
+        total += incoming
+        current = incoming
+    x[...] = total
+
+
+def _ring_accumulates_into_sent_chunk(x):
+    """The reduce-scatter adds what arrives into the chunk it just sent, not the one it sends next."""
+    import numpy as np
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    chunks = np.array_split(x, p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for k in range(p - 1):
+        buf = np.empty_like(chunks[(r - k - 1) % p])
+        w = md.dist.isend(chunks[(r - k) % p], right)
+        md.dist.recv(buf, left)
+        w.wait()
+        chunks[(r - k) % p] += buf  # the mistake (the first case, p = 2 with n = 8, has equal chunks)
+    for k in range(p - 1):
+        w = md.dist.isend(chunks[(r - k + 1) % p], right)
+        md.dist.recv(chunks[(r - k) % p], left)
+        w.wait()
+
+
 def test_ring_all_reduce_check():
     md.labs.check_ring_all_reduce(_ring_good)
+    with pytest.raises(CheckFailed) as bulk:
+        md.labs.check_ring_all_reduce(_ring_whole_buffer)
+    assert "whole buffer" in str(bulk.value) and "serialises" not in str(bulk.value)
+    with pytest.raises(CheckFailed) as rs:
+        md.labs.check_ring_all_reduce(_ring_accumulates_into_sent_chunk)
+    assert "the reduce-scatter left rank" in str(rs.value) and "(r - k - 1) mod p" in str(rs.value)
     _rejects(md.labs.check_ring_all_reduce, _ring_wrong_allgather, match="first departure from the ring schedule")
     _rejects(md.labs.check_ring_all_reduce, _ring_blocking, match="correct but slow")
     _rejects(md.labs.check_ring_all_reduce, _ring_deadlock, match="deadlock")
@@ -185,13 +226,13 @@ def test_ring_tree_formula_checks():
 
 # --- lab 07: topology-aware collectives -----------------------------------------------------------
 
-def _hier(x, G, inter_phase=True, algorithm="ring"):
+def _hier(x, G, inter_phase=True, algorithm="ring", inter_ranks=None):
     import numpy as np
 
     r, p = md.dist.get_rank(), md.dist.get_world_size()
     node, local = divmod(r, G)
     intra = md.dist.new_group(range(node * G, node * G + G))
-    inter = md.dist.new_group(range(local, p, G))
+    inter = md.dist.new_group(range(local, p, G) if inter_ranks is None else inter_ranks)
     shard = np.empty(x.size // G, x.dtype)
     md.dist.reduce_scatter_tensor(shard, x, group=intra, algorithm=algorithm)
     if inter_phase:
@@ -211,8 +252,14 @@ def _flat(x, G):
     md.dist.all_reduce(x, algorithm="ring")
 
 
+def _hier_world_instead_of_inter(x, G):
+    _hier(x, G, inter_ranks=range(md.dist.get_world_size()))  # no inter-node group: the shard goes to everyone
+
+
 def test_hierarchical_all_reduce_check():
     md.labs.check_hierarchical_all_reduce(_hier_good)
+    _rejects(md.labs.check_hierarchical_all_reduce, _hier_world_instead_of_inter,
+             match="the inter-node group holds one rank per node")
     _rejects(md.labs.check_hierarchical_all_reduce, _hier_no_inter, match="inter-node all-reduce of the shard")
     _rejects(md.labs.check_hierarchical_all_reduce, _flat, match="flat ring")
 

@@ -19,7 +19,7 @@ def route(logits, k, renorm=True, order=True):
     if not order:
         e = np.sort(e, -1)
     g = np.take_along_axis(p, e, -1)
-    return e, g / g.sum(-1, keepdims=True) if renorm else g
+    return e, g / g.sum(-1, keepdims=True) if renorm and (k > 1 or renorm == "always") else g
 
 
 def keep(experts, E, cap, token_major=False):
@@ -55,7 +55,9 @@ def test_checks_accept_right_answers(capsys):
 
 def test_routing_mistakes():
     with pytest.raises(CheckFailed, match="raw probabilities"):
-        check_top_k_routing(lambda x, k: route(x, k, renorm=False))
+        check_top_k_routing(lambda x, k: route(x, k, renorm=False) if k > 1 else route(x, k))
+    with pytest.raises(CheckFailed, match="with k = 1 keep the raw probability"):  # the lab text's rule, and MoE's
+        check_top_k_routing(lambda x, k: route(x, k, renorm="always"))
     with pytest.raises(CheckFailed, match="decreasing probability"):
         check_top_k_routing(lambda x, k: route(x, k, order=False))
     with pytest.raises(CheckFailed, match="not done yet"):

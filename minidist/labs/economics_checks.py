@@ -74,7 +74,9 @@ def check_run_estimate(fn: Callable) -> None:
     for name, w, g, h in zip(names, want, got, hints):
         if not math.isclose(float(g), w, rel_tol=1e-9):
             fail(f"run_estimate{args}: {name} is wrong", w, g, h)
-    passed(f"run_estimate: {want[2]:.1f} days, ${want[3]:,.0f}")
+    # no numbers here: the check's own case (a round 30B model) would print days and dollars that differ
+    # from the lab's, which uses the parameter count computed above
+    passed("run_estimate: step time, throughput, days and dollars follow 6 Psi B / (P F MFU)")
 
 
 def check_sandbox_mfu(value: float, n_params: int, tokens: int, seconds: float, peak: float) -> None:

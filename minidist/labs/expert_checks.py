@@ -30,10 +30,11 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _ref_route(logits: np.ndarray, k: int):
+    """md.nn.MoE's rule: the k largest probabilities, renormalised when k > 1 (Switch keeps the raw one at k = 1)."""
     p = _softmax(logits)
     experts = np.argsort(-p, axis=-1, kind="stable")[:, :k]
     g = np.take_along_axis(p, experts, -1)
-    return experts, g / g.sum(-1, keepdims=True)
+    return experts, g / g.sum(-1, keepdims=True) if k > 1 else g
 
 
 def check_top_k_routing(route: Callable) -> None:
@@ -57,13 +58,17 @@ def check_top_k_routing(route: Callable) -> None:
             fail(f"route(k={k}): the order of the chosen experts of token 0", want_e[0].tolist(), got_e[0].tolist(),
                  "list them in decreasing probability: the first column is each token's first choice")
         if not np.allclose(got_g, want_g, rtol=1e-10):
-            hint = "renormalise: divide the chosen probabilities by their sum, so each token's gates add up to 1"
-            raw = np.take_along_axis(_softmax(logits), want_e, -1)
-            if np.allclose(got_g, raw, rtol=1e-10):
-                hint = "these are the raw probabilities; " + hint
+            if k == 1:
+                hint = ("with k = 1 keep the raw probability as the gate (as Switch Transformer and md.nn.MoE do): "
+                        "renormalised, every gate would be 1 and the router would learn nothing through it")
+            else:
+                hint = "renormalise: divide the chosen probabilities by their sum, so each token's gates add up to 1"
+                raw = np.take_along_axis(_softmax(logits), want_e, -1)
+                if np.allclose(got_g, raw, rtol=1e-10):
+                    hint = "these are the raw probabilities; " + hint
             fail(f"route(k={k}): gates of token 0", want_g[0].tolist(), got_g[0].tolist(), hint)
         n += 1
-    passed(f"check_top_k_routing: {n} cases (top-1, top-2, top-4), gates renormalised")
+    passed(f"check_top_k_routing: {n} cases (top-1 raw, top-2 and top-4 renormalised)")
 
 
 def check_capacity_keep(keep: Callable) -> None:

@@ -94,8 +94,28 @@ def _first_departure(sent_by_rank, p: int, n: int) -> str | None:
                 return f"{what}; it sent elements {idx[:4]}{'...' if len(idx) > 4 else ''} instead"
             if masks != {want_mask}:
                 got = sorted({h for m in masks for h in _ranks_of(m)})
+                if not rs and step == 0:  # the first all-gather message is the reduce-scatter's result
+                    return (f"the reduce-scatter left rank {r} with an incomplete chunk {chunk}: it carries ranks "
+                            f"{got}, not all {p}. At reduce-scatter step k, add the chunk received from the left "
+                            f"into chunk (r - k - 1) mod p, the one you send on at step k + 1")
                 return f"{what}; the values it sent carry ranks {got}"
     return None
+
+
+def _slowness(sent_by_rank, p: int, n: int, itemsize: int = 8) -> str:
+    """Why a correct ring is slower than the formula: too many bytes or messages, or serialised steps."""
+    want_bytes = 2 * (p - 1) * itemsize * n / p
+    sent = max(sum(v.size for _, v in msgs) * itemsize for msgs in sent_by_rank)
+    count = max(len(msgs) for msgs in sent_by_rank)
+    if sent > want_bytes * (1 + 1e-9) or count < 2 * (p - 1):
+        return (f"a rank sent {count} message(s), {sent:,.0f} bytes; the ring sends 2(p-1) = {2 * (p - 1)} chunks "
+                f"of n/p elements, {want_bytes:,.0f} bytes: send one chunk (np.array_split(x, p)[i]) per step, "
+                "not the whole buffer")
+    if count > 2 * (p - 1):
+        return (f"a rank sent {count} messages; the ring needs 2(p-1) = {2 * (p - 1)}: every extra message "
+                "pays the latency alpha again")
+    return ("each step must send and receive at the same time (isend to the right, recv from the left, then "
+            "wait): a send followed by a receive serialises the two transfers")
 
 
 def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6, beta: float = 1e9) -> None:
@@ -118,8 +138,7 @@ def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6,
             t = max(v[2] for v in res)
             ideal = md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "ring")
             if not math.isclose(t, ideal, rel_tol=1e-9):
-                hint = ("each step must send and receive at the same time (isend to the right, recv from the left, "
-                        "then wait): a send followed by a receive serialises the two transfers")
+                hint = _slowness([v[1] for v in res], p, n)
                 if t > 1.5 * ideal:
                     hint = "you are correct but slow: " + hint
                 fail(f"ring_all_reduce on {p} ranks (n = {n} float64) is correct but its simulated time is off",

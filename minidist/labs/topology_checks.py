@@ -42,12 +42,18 @@ def check_hierarchical_all_reduce(fn: Callable[[np.ndarray, int], None]) -> None
                              "ranks with your local index on every node")
         want = (np.arange(n, dtype=np.float64) + 1.0) * sum(range(1, p + 1))
 
-        def diagnose(rank, got, w, G=G, n=n):
-            node = rank // G
-            node_sum = (np.arange(n, dtype=np.float64) + 1.0) * sum(range(node * G + 1, node * G + G + 1))
-            if np.allclose(got, node_sum):
+        def diagnose(rank, got, w, G=G, N=N, n=n):
+            base = np.arange(n, dtype=np.float64) + 1.0
+            node_sums = [base * sum(range(a * G + 1, a * G + G + 1)) for a in range(N)]
+            if np.allclose(got, node_sums[rank // G]):
                 return "each rank holds only its node's sum: the inter-node all-reduce of the shard is missing"
-            return None
+            # every rank's shard summed with every other rank's, whatever its index: no inter-node group
+            mixed = sum(np.array_split(s, G)[j] for s in node_sums for j in range(G))
+            if got.shape == base.shape and np.allclose(got, np.tile(mixed, G)):
+                return ("the shards were all-reduced over every rank, mixing different chunks: the inter-node group "
+                        "holds one rank per node, the ones with your local index (local, local + G, local + 2G, ...)")
+            return ("check the groups: the intra-node group is the G ranks of your node, the inter-node group the N "
+                    "ranks with your local index on every node, and each phase runs on its own group")
 
         compare_ranks("hierarchical_all_reduce", [v[0] for v in res], [want] * p,
                       context=f"on {N} nodes of {G} GPUs", diagnose=diagnose, rtol=1e-12)
