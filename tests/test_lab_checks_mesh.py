@@ -94,3 +94,22 @@ def test_state_per_gpu_knows_what_each_axis_divides():
         md.labs.check_state_per_gpu(lambda psi, tp, pp, dp, zero1: right(psi, tp, pp, dp, False))
     with pytest.raises(CheckFailed, match="replicates the weights and gradients"):
         md.labs.check_state_per_gpu(lambda psi, tp, pp, dp, zero1: 16 * psi / (tp * pp * dp) / 1e9)
+
+
+def test_axes_between_wants_every_axis_in_mesh_order():
+    def right(a, b, shape, names):
+        return tuple(n for n, x, y in zip(names, np.unravel_index(a, shape), np.unravel_index(b, shape)) if x != y)
+
+    md.labs.check_axes_between(right)
+    with pytest.raises(CheckFailed, match="mesh order"):
+        md.labs.check_axes_between(lambda a, b, shape, names: tuple(reversed(right(a, b, shape, names))))
+    with pytest.raises(CheckFailed, match="unravel_index"):
+        md.labs.check_axes_between(lambda a, b, shape, names: right(a, b, shape, names)[:1])
+
+
+def test_params_per_gpu_knows_ep_splits_only_the_experts():
+    md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: nd / (tp * pp) + ne / (tp * pp * ep))
+    with pytest.raises(CheckFailed, match="dense weights are replicated over the ep ranks"):
+        md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: (nd + ne) / (tp * pp * ep))
+    with pytest.raises(CheckFailed, match="1/ep of the experts"):
+        md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: (nd + ne) / (tp * pp))

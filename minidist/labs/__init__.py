@@ -21,7 +21,14 @@ from minidist.labs.expert_checks import (
     check_dispatch_splits,
     check_top_k_routing,
 )
-from minidist.labs.mesh_checks import check_axis_of, check_mesh_groups, check_redistribute, check_state_per_gpu
+from minidist.labs.mesh_checks import (
+    check_axes_between,
+    check_axis_of,
+    check_mesh_groups,
+    check_params_per_gpu,
+    check_redistribute,
+    check_state_per_gpu,
+)
 from minidist.labs.notebook import install as _install_notebook_errors
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
 from minidist.labs.recompute_checks import check_best_interval, check_checkpointed_bytes, check_overlap_tokens

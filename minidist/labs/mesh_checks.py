@@ -1,4 +1,4 @@
-"""Checks for lab 15, the device mesh and 3D parallelism (book chapters 23-24).
+"""Checks for labs 15 and 16, the device mesh, 3D, 4D and 5D parallelism (book chapters 23-25).
 
 The groups of a mesh axis are compared with numpy slices of ``arange(P).reshape(shape)`` and with the
 bijection theorem (each axis of size d_k gives P / d_k disjoint groups that cover every rank once). A
@@ -144,3 +144,47 @@ def check_state_per_gpu(fn: Callable[[float, int, int, int, bool], float]) -> No
         return "tp and pp split the parameters, so each GPU holds psi / (tp pp) of them, at 2 + 2 + 12 bytes"
 
     check_cases("state_per_gpu", fn, cases, rel=1e-6, diagnose=diagnose)
+
+
+def check_axes_between(fn: Callable[[int, int, tuple, tuple], tuple]) -> None:
+    """``fn(a, b, shape, names)``: the names of every axis on which ranks a and b differ, in mesh order."""
+    shape, names = (2, 2, 2, 2), ("pp", "dp", "cp", "tp")
+    cases = [(0, 1, ("tp",)), (0, 2, ("cp",)), (0, 3, ("cp", "tp")), (1, 6, ("dp", "cp", "tp")), (0, 15, names),
+             (5, 5, ()), (9, 8, ("tp",)), (12, 6, ("pp", "cp"))]
+    for a, b, want in cases:
+        try:
+            got = fn(a, b, shape, names)
+        except NotImplementedError:
+            raise CheckFailed("axes_between: the exercise is not done yet (it raised NotImplementedError)") from None
+        got = None if got is None else tuple(got)
+        if got != want:
+            hint = "compare np.unravel_index(a, shape) with np.unravel_index(b, shape) axis by axis"
+            if got is not None and set(got) == set(want):
+                hint = "list the axes in mesh order (the order of names)"
+            elif want == () and got is None:
+                hint = "a rank differs from itself on no axis: return an empty tuple"
+            fail(f"axes_between({a}, {b}, {shape}, {names}) is wrong", want, got, hint)
+    passed(f"axes_between: {len(cases)} pairs of ranks on a (pp, dp, cp, tp) = (2, 2, 2, 2) mesh")
+
+
+def check_params_per_gpu(fn: Callable[[float, float, int, int, int], float]) -> None:
+    """``fn(n_dense, n_expert, tp, pp, ep)``: parameters on one GPU of a 5D layout."""
+    def ref(nd, ne, tp, pp, ep):
+        return nd / (tp * pp) + ne / (tp * pp * ep)
+
+    cases = [((5e9, 136e9, 4, 4, 8), ref(5e9, 136e9, 4, 4, 8), "Mixtral 8x22B's layout: TP 4, PP 4, EP 8"),
+             ((70e9, 0, 8, 8, 1), ref(70e9, 0, 8, 8, 1), "a dense 70B on TP 8, PP 8: the book's 1.09B per GPU"),
+             ((1e6, 8e6, 1, 1, 4), ref(1e6, 8e6, 1, 1, 4), "expert parallelism alone"),
+             ((3e6, 12e6, 2, 2, 2), ref(3e6, 12e6, 2, 2, 2), "every axis at once")]
+
+    def diagnose(args, expected, got):
+        nd, ne, tp, pp, ep = args
+        if math.isclose(got, (nd + ne) / (tp * pp * ep), rel_tol=1e-9):
+            return "ep shards only the experts: the dense weights are replicated over the ep ranks"
+        if math.isclose(got, nd / (tp * pp) + ne / (tp * pp), rel_tol=1e-9):
+            return "each ep rank holds 1/ep of the experts"
+        if math.isclose(got, nd / (tp * pp) + ne / ep, rel_tol=1e-9):
+            return "tp and pp split the experts too (each expert is a block's MLP)"
+        return "tp and pp split every parameter, ep additionally splits the experts"
+
+    check_cases("params_per_gpu", fn, cases, diagnose=diagnose)
