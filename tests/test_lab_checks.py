@@ -190,17 +190,112 @@ def _ring_accumulates_into_sent_chunk(x):
         w.wait()
 
 
+def _ring_accumulates_wrong_from_three_ranks(x):
+    """The same mistake, on 3 ranks and more only: it shows inside the reduce-scatter, at its step 1."""
+    (_ring_accumulates_into_sent_chunk if md.dist.get_world_size() > 2 else _ring_good)(x)
+
+
+def _ring_allgather_adds(x):
+    """A right reduce-scatter; the all-gather adds what it receives instead of storing it (an all-gather mistake)."""
+    import numpy as np
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    chunks = np.array_split(x, p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for k in range(p - 1):
+        buf = np.empty_like(chunks[(r - k - 1) % p])
+        w = md.dist.isend(chunks[(r - k) % p], right)
+        md.dist.recv(buf, left)
+        w.wait()
+        chunks[(r - k - 1) % p] += buf
+    for k in range(p - 1):
+        buf = np.empty_like(chunks[(r - k) % p])
+        w = md.dist.isend(chunks[(r - k + 1) % p], right)
+        md.dist.recv(buf, left)
+        w.wait()
+        chunks[(r - k) % p] += buf  # the mistake: on 2 ranks every message is still the schedule's
+
+
+def _ring_not_in_place(x):
+    y = x.copy()
+    _ring_good(y)
+    x = y  # noqa: F841  (the mistake: rebinds the name, the caller's array is unchanged)
+
+
+def _ring_half_chunks(x):
+    """Correct, but every chunk goes in two messages: twice the ring's latency."""
+    import numpy as np
+
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    chunks = np.array_split(x, p)
+    right, left = (r + 1) % p, (r - 1) % p
+
+    def step(send_chunk, recv_into):
+        for a, b in zip(np.array_split(send_chunk, 2), np.array_split(recv_into, 2)):
+            w = md.dist.isend(a, right)
+            md.dist.recv(b, left)
+            w.wait()
+
+    for k in range(p - 1):
+        buf = np.empty_like(chunks[(r - k - 1) % p])
+        step(chunks[(r - k) % p], buf)
+        chunks[(r - k - 1) % p] += buf
+    for k in range(p - 1):
+        step(chunks[(r - k + 1) % p], chunks[(r - k) % p])
+
+
+def _ring_message(fn) -> str:
+    with pytest.raises(CheckFailed) as e:
+        md.labs.check_ring_all_reduce(fn)
+    return str(e.value)
+
+
 def test_ring_all_reduce_check():
     md.labs.check_ring_all_reduce(_ring_good)
-    with pytest.raises(CheckFailed) as bulk:
-        md.labs.check_ring_all_reduce(_ring_whole_buffer)
-    assert "whole buffer" in str(bulk.value) and "serialises" not in str(bulk.value)
-    with pytest.raises(CheckFailed) as rs:
-        md.labs.check_ring_all_reduce(_ring_accumulates_into_sent_chunk)
-    assert "the reduce-scatter left rank" in str(rs.value) and "(r - k - 1) mod p" in str(rs.value)
-    _rejects(md.labs.check_ring_all_reduce, _ring_wrong_allgather, match="first departure from the ring schedule")
-    _rejects(md.labs.check_ring_all_reduce, _ring_blocking, match="correct but slow")
     _rejects(md.labs.check_ring_all_reduce, _ring_deadlock, match="deadlock")
+
+
+def test_ring_check_whole_buffer_is_told_its_bytes_not_serialisation():
+    msg = _ring_message(_ring_whole_buffer)  # a correct ring that isends the whole buffer p - 1 times
+    assert "correct but slow" in msg and "on 4 ranks (n = 4096 float64)" in msg
+    assert "55.152 us" in msg and "101.304 us" in msg  # the ring's time against the measured one
+    assert "3 message(s), 98,304 bytes in all" in msg and "6 chunks of n/p = 1024 elements" in msg
+    assert "49,152 bytes in all" in msg and "the whole buffer (32,768 bytes): too many bytes" in msg
+    assert "serialises" not in msg
+
+
+def test_ring_check_blocking_steps_are_told_they_serialise():
+    msg = _ring_message(_ring_blocking)  # send then recv: each message counted once, the right size
+    assert "correct but slow" in msg and "serialises" in msg
+    assert "whole buffer" not in msg and "bytes in all" not in msg
+
+
+def test_ring_check_extra_messages_are_told_their_latency():
+    msg = _ring_message(_ring_half_chunks)
+    assert "12 message(s), 49,152 bytes in all" in msg and "every extra message pays the latency" in msg
+
+
+def test_ring_check_blames_the_reduce_scatter_for_accumulating_into_the_wrong_chunk():
+    msg = _ring_message(_ring_accumulates_into_sent_chunk)  # 2 ranks: seen in the first all-gather message
+    assert "the reduce-scatter left rank 0 with an incomplete chunk 1" in msg and "(r - k - 1) mod p" in msg
+    assert "at all-gather step" not in msg
+    msg = _ring_message(_ring_accumulates_wrong_from_three_ranks)  # 3 ranks: seen inside the reduce-scatter
+    assert "on 3 ranks with n = 9" in msg and "at reduce-scatter step 1 rank 0 should send chunk 2" in msg
+    assert "carry only ranks [0]: the reduce-scatter did not add what it received at step 0" in msg
+    assert "(r - k - 1) mod p" in msg and "all-gather" not in msg
+
+
+def test_ring_check_still_blames_the_all_gather_for_its_own_mistakes():
+    msg = _ring_message(_ring_wrong_allgather)  # sends the wrong chunk
+    assert "first departure from the ring schedule: at all-gather step 0 rank 0 should send chunk 1" in msg
+    assert "reduce-scatter left" not in msg
+    msg = _ring_message(_ring_allgather_adds)  # every message right, the stored chunks wrong
+    assert "every message followed the ring schedule" in msg and "which it receives in the all-gather" in msg
+    assert "do not add" in msg and "reduce-scatter" not in msg
+
+
+def test_ring_check_names_a_result_not_written_in_place():
+    assert "x is unchanged: the result must be written into x in place" in _ring_message(_ring_not_in_place)
 
 
 def test_ring_tree_formula_checks():

@@ -49,12 +49,19 @@ def _traced_ring(fn, n):
     sent = []
     orig_send, orig_isend = md.dist.send, md.dist.isend
 
+    inside_send = []  # md.dist.send calls md.dist.isend: record that message once, not twice
+
     def send(t, dst, *a, **k):
         sent.append((dst, np.array(getattr(t, "data", t), dtype=np.float64, copy=True)))
-        return orig_send(t, dst, *a, **k)
+        inside_send.append(True)
+        try:
+            return orig_send(t, dst, *a, **k)
+        finally:
+            inside_send.pop()
 
     def isend(t, dst, *a, **k):
-        sent.append((dst, np.array(getattr(t, "data", t), dtype=np.float64, copy=True)))
+        if not inside_send:
+            sent.append((dst, np.array(getattr(t, "data", t), dtype=np.float64, copy=True)))
         return orig_isend(t, dst, *a, **k)
 
     md.dist.send, md.dist.isend = send, isend
@@ -65,6 +72,10 @@ def _traced_ring(fn, n):
     finally:
         md.dist.send, md.dist.isend = orig_send, orig_isend
     return x, sent, t1 - t0
+
+
+_ACCUMULATE = ("At reduce-scatter step k, add the chunk received from the left into chunk (r - k - 1) mod p, the "
+               "one you send on at step k + 1")
 
 
 def _first_departure(sent_by_rank, p: int, n: int) -> str | None:
@@ -96,33 +107,73 @@ def _first_departure(sent_by_rank, p: int, n: int) -> str | None:
                 got = sorted({h for m in masks for h in _ranks_of(m)})
                 if not rs and step == 0:  # the first all-gather message is the reduce-scatter's result
                     return (f"the reduce-scatter left rank {r} with an incomplete chunk {chunk}: it carries ranks "
-                            f"{got}, not all {p}. At reduce-scatter step k, add the chunk received from the left "
-                            f"into chunk (r - k - 1) mod p, the one you send on at step k + 1")
+                            f"{got}, not all {p}. {_ACCUMULATE}")
+                if rs and step and len(masks) == 1 and set(got) < set(holders):  # a reduce-scatter sum lost a term
+                    return (f"{what}; the values it sent carry only ranks {got}: the reduce-scatter did not add what "
+                            f"it received at step {step - 1} into this chunk. {_ACCUMULATE}")
                 return f"{what}; the values it sent carry ranks {got}"
     return None
 
 
-def _slowness(sent_by_rank, p: int, n: int, itemsize: int = 8) -> str:
-    """Why a correct ring is slower than the formula: too many bytes or messages, or serialised steps."""
-    want_bytes = 2 * (p - 1) * itemsize * n / p
-    sent = max(sum(v.size for _, v in msgs) * itemsize for msgs in sent_by_rank)
-    count = max(len(msgs) for msgs in sent_by_rank)
-    if sent > want_bytes * (1 + 1e-9) or count < 2 * (p - 1):
-        return (f"a rank sent {count} message(s), {sent:,.0f} bytes; the ring sends 2(p-1) = {2 * (p - 1)} chunks "
-                f"of n/p elements, {want_bytes:,.0f} bytes: send one chunk (np.array_split(x, p)[i]) per step, "
-                "not the whole buffer")
-    if count > 2 * (p - 1):
-        return (f"a rank sent {count} messages; the ring needs 2(p-1) = {2 * (p - 1)}: every extra message "
-                "pays the latency alpha again")
+def _wrong_result(results, p: int, n: int) -> str | None:
+    """Every message followed the schedule, yet a result is wrong: say what happened to which chunk."""
+    bounds = np.cumsum([0] + [len(c) for c in np.array_split(np.arange(n), p)])
+    want = sum(_encoded(q, p, n) for q in range(p))
+    for r, got in enumerate(results):
+        got = np.asarray(got, dtype=np.float64).reshape(-1)
+        if got.shape != want.shape or np.array_equal(got, want):
+            continue
+        if np.array_equal(got, _encoded(r, p, n)):
+            return (f"rank {r}'s x is unchanged: the result must be written into x in place (work on the views "
+                    "np.array_split(x, p) returns, or finish with x[...] = result; `x = ...` only rebinds the name)")
+        wrong = [c for c in range(p) if not np.array_equal(got[bounds[c]:bounds[c + 1]], want[bounds[c]:bounds[c + 1]])]
+        received = sorted((r - k) % p for k in range(p - 1))  # the chunks the all-gather delivers to rank r
+        if set(wrong) <= set(received):
+            return (f"every message followed the ring schedule, but rank {r}'s chunks {wrong}, which it receives in "
+                    "the all-gather, are wrong: store the chunk received at all-gather step k in chunk (r - k) mod p, "
+                    "replacing its contents (receive straight into it; do not add)")
+        return (f"every message followed the ring schedule, but rank {r}'s chunk {(r + 1) % p}, complete when it sent "
+                "it at all-gather step 0, was changed afterwards: in the all-gather receive into chunk (r - k) mod p "
+                "only")
+    return None
+
+
+def _slowness(sent_by_rank, p: int, n: int, t: float, ideal: float, itemsize: int = 8) -> str:
+    """Why a correct ring does not take the ring's time: bigger, more or fewer messages, or serialised steps."""
+    steps, chunk = 2 * (p - 1), -(-n // p)
+    want_bytes = steps * itemsize * n / p
+    r = max(range(p), key=lambda q: (sum(v.size for _, v in sent_by_rank[q]), len(sent_by_rank[q])))
+    sizes = [v.size for _, v in sent_by_rank[r]]
+    count, sent, largest = len(sizes), sum(sizes) * itemsize, max(sizes, default=0)
+    measured = (f"rank {r} sent {count} message(s), {sent:,.0f} bytes in all; the ring sends 2(p-1) = {steps} "
+                f"chunks of n/p = {n // p} elements ({n // p * itemsize:,} bytes each), {want_bytes:,.0f} bytes in all")
+    if largest > chunk:
+        what = "the whole buffer" if largest == n else f"{largest} elements"
+        msg = (f"{measured}. Its largest message was {what} ({largest * itemsize:,} bytes): "
+               f"{'too many bytes' if sent > want_bytes * (1 + 1e-9) else 'too few, too big messages'}. "
+               "Send one chunk (np.array_split(x, p)[i]) per step, not the whole buffer")
+        if t < ideal:
+            msg += (" (at this small n fewer messages save more latency than the bigger ones cost; as n grows the "
+                    "bytes dominate and whole-buffer messages fall behind the ring)")
+        return msg
+    if count > steps:
+        return f"{measured}: every extra message pays the latency alpha again"
+    if count < steps or sent < want_bytes * (1 - 1e-9):
+        return f"{measured}: follow the ring's schedule, one chunk per step"
     return ("each step must send and receive at the same time (isend to the right, recv from the left, then "
             "wait): a send followed by a receive serialises the two transfers")
 
 
 def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6, beta: float = 1e9) -> None:
-    """``fn(x)`` all-reduces (sums) ``x`` in place across the ranks, as a ring, and costs the ring's time."""
+    """``fn(x)`` all-reduces (sums) ``x`` in place across the ranks, as a ring, and costs the ring's time.
+
+    Every case must be correct first; then the time of the cases with n divisible by p must be the ring's. When
+    it is not, the failure reports the largest such case, where bandwidth dominates and a wrong message size shows.
+    """
     import minidist as md
 
-    for p, n in [(2, 8), (3, 9), (4, 10), (5, 12), (4, 3)]:
+    slow = None
+    for p, n in [(2, 8), (3, 9), (4, 10), (5, 12), (4, 3), (4, 4096)]:
         cluster = md.Cluster.uniform(alpha, beta)
         res = run_ranks("ring_all_reduce", _traced_ring, p, args=(fn, n), cluster=cluster)
         want = sum(_encoded(r, p, n) for r in range(p))
@@ -133,16 +184,22 @@ def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6,
             where = _first_departure([v[1] for v in res], p, n)
             if where:
                 raise CheckFailed(f"{e}\n  first departure from the ring schedule: {where}") from None
+            why = _wrong_result(results, p, n)
+            if why:
+                raise CheckFailed(f"{e}\n  hint: {why}") from None
             raise
         if n % p == 0:
             t = max(v[2] for v in res)
             ideal = md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "ring")
             if not math.isclose(t, ideal, rel_tol=1e-9):
-                hint = _slowness([v[1] for v in res], p, n)
-                if t > 1.5 * ideal:
-                    hint = "you are correct but slow: " + hint
-                fail(f"ring_all_reduce on {p} ranks (n = {n} float64) is correct but its simulated time is off",
-                     f"{ideal * 1e6:.3f} us = 2(p-1) alpha + 2(p-1)/p n/beta", f"{t * 1e6:.3f} us", hint)
+                slow = (p, n, t, ideal, [v[1] for v in res])
+    if slow:
+        p, n, t, ideal, sent = slow
+        hint = _slowness(sent, p, n, t, ideal)
+        if t > 1.5 * ideal:
+            hint = "you are correct but slow: " + hint
+        fail(f"ring_all_reduce on {p} ranks (n = {n} float64) is correct but its simulated time is off",
+             f"{ideal * 1e6:.3f} us = 2(p-1) alpha + 2(p-1)/p n/beta", f"{t * 1e6:.3f} us", hint)
     passed("ring_all_reduce: correct on 2-5 ranks (uneven chunks too) and as fast as the ring formula")
 
 
