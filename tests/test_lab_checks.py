@@ -351,12 +351,32 @@ def _hier_world_instead_of_inter(x, G):
     _hier(x, G, inter_ranks=range(md.dist.get_world_size()))  # no inter-node group: the shard goes to everyone
 
 
+def _hier_intra_instead_of_inter(x, G):
+    node = md.dist.get_rank() // G
+    _hier(x, G, inter_ranks=range(node * G, node * G + G))  # the intra-node group passed twice
+
+
 def test_hierarchical_all_reduce_check():
     md.labs.check_hierarchical_all_reduce(_hier_good)
-    _rejects(md.labs.check_hierarchical_all_reduce, _hier_world_instead_of_inter,
-             match="the inter-node group holds one rank per node")
-    _rejects(md.labs.check_hierarchical_all_reduce, _hier_no_inter, match="inter-node all-reduce of the shard")
     _rejects(md.labs.check_hierarchical_all_reduce, _flat, match="flat ring")
+
+
+def _hier_message(fn) -> str:
+    with pytest.raises(CheckFailed) as e:
+        md.labs.check_hierarchical_all_reduce(fn)
+    return str(e.value)
+
+
+def test_hierarchical_check_names_the_missing_inter_node_group():
+    msg = _hier_message(_hier_no_inter)  # intra-node reduce-scatter and all-gather, nothing across nodes
+    assert "hint: each rank holds only its node's sum: the inter-node all-reduce of the shard is missing" in msg
+    assert "all-reduce the 1/G shard across nodes; the inter-node group holds one rank per node" in msg
+    msg = _hier_message(_hier_world_instead_of_inter)  # no inter-node group: group=None, every rank
+    assert "hint: the shards were all-reduced over every rank" in msg
+    assert "the inter-node group holds one rank per node" in msg
+    msg = _hier_message(_hier_intra_instead_of_inter)  # no inter-node group: the intra-node one again
+    assert "hint: the shards were all-reduced inside the node (the intra-node group again)" in msg
+    assert "nothing from the other nodes" in msg and "the inter-node group holds one rank per node" in msg
 
 
 def test_two_level_and_contention_checks():

@@ -45,13 +45,20 @@ def check_hierarchical_all_reduce(fn: Callable[[np.ndarray, int], None]) -> None
         def diagnose(rank, got, w, G=G, N=N, n=n):
             base = np.arange(n, dtype=np.float64) + 1.0
             node_sums = [base * sum(range(a * G + 1, a * G + G + 1)) for a in range(N)]
+            inter = ("the inter-node group holds one rank per node, the ones with your local index (local, "
+                     "local + G, local + 2G, ...)")
             if np.allclose(got, node_sums[rank // G]):
-                return "each rank holds only its node's sum: the inter-node all-reduce of the shard is missing"
+                return ("each rank holds only its node's sum: the inter-node all-reduce of the shard is missing. "
+                        f"Between the two intra-node phases all-reduce the 1/G shard across nodes; {inter}")
             # every rank's shard summed with every other rank's, whatever its index: no inter-node group
             mixed = sum(np.array_split(s, G)[j] for s in node_sums for j in range(G))
             if got.shape == base.shape and np.allclose(got, np.tile(mixed, G)):
-                return ("the shards were all-reduced over every rank, mixing different chunks: the inter-node group "
-                        "holds one rank per node, the ones with your local index (local, local + G, local + 2G, ...)")
+                return f"the shards were all-reduced over every rank, mixing different chunks: {inter}"
+            # the shards of one node summed with each other: the intra-node group used in place of the inter-node one
+            own = sum(np.array_split(node_sums[rank // G], G))
+            if got.shape == base.shape and np.allclose(got, np.tile(own, G)):
+                return ("the shards were all-reduced inside the node (the intra-node group again), adding different "
+                        f"chunks together and nothing from the other nodes: {inter}")
             return ("check the groups: the intra-node group is the G ranks of your node, the inter-node group the N "
                     "ranks with your local index on every node, and each phase runs on its own group")
 
