@@ -56,8 +56,13 @@ def test_checks_accept_right_answers(capsys):
 def test_routing_mistakes():
     with pytest.raises(CheckFailed, match="raw probabilities"):
         check_top_k_routing(lambda x, k: route(x, k, renorm=False) if k > 1 else route(x, k))
-    with pytest.raises(CheckFailed, match="with k = 1 keep the raw probability"):  # the lab text's rule, and MoE's
+    with pytest.raises(CheckFailed, match="with k = 1 keep the raw probability") as one:  # the lab text, and MoE's
         check_top_k_routing(lambda x, k: route(x, k, renorm="always"))
+    assert "route(k=1): gates of token 0" in str(one.value) and "every gate is 1" in str(one.value)
+    assert "these are the raw probabilities" not in str(one.value)
+    with pytest.raises(CheckFailed, match="with k = 1 keep the raw probability") as half:
+        check_top_k_routing(lambda x, k: (route(x, k)[0], route(x, k)[1] / 2) if k == 1 else route(x, k))
+    assert "every gate is 1" not in str(half.value)
     with pytest.raises(CheckFailed, match="decreasing probability"):
         check_top_k_routing(lambda x, k: route(x, k, order=False))
     with pytest.raises(CheckFailed, match="not done yet"):

@@ -58,9 +58,11 @@ def check_top_k_routing(route: Callable) -> None:
             fail(f"route(k={k}): the order of the chosen experts of token 0", want_e[0].tolist(), got_e[0].tolist(),
                  "list them in decreasing probability: the first column is each token's first choice")
         if not np.allclose(got_g, want_g, rtol=1e-10):
-            if k == 1:
+            if k == 1:  # the lab's text: Switch Transformer and md.nn.MoE keep the raw probability at k = 1
                 hint = ("with k = 1 keep the raw probability as the gate (as Switch Transformer and md.nn.MoE do): "
-                        "renormalised, every gate would be 1 and the router would learn nothing through it")
+                        "the softmax probability of the chosen expert, not renormalised")
+                if np.allclose(got_g, 1.0):
+                    hint += "; renormalised, every gate is 1 and the router would learn nothing through it"
             else:
                 hint = "renormalise: divide the chosen probabilities by their sum, so each token's gates add up to 1"
                 raw = np.take_along_axis(_softmax(logits), want_e, -1)
