@@ -60,6 +60,37 @@ def test_accumulation_steps():
     _rejects(md.labs.check_accumulation_steps, 1.5, compute_ms=100, comm_ms=200, match="whole")
 
 
+# --- lab 03: economics and estimation ------------------------------------------------------------
+
+def _run_estimate(params, tokens, batch_tokens, gpus, peak, mfu, usd, flops_per_token=6, use_mfu=True,
+                  seconds_per_day=86400, dollar_gpus=None):
+    step = flops_per_token * params * batch_tokens / (gpus * peak * (mfu if use_mfu else 1.0))
+    seconds = tokens / (batch_tokens / step)
+    return step, batch_tokens / step, seconds / seconds_per_day, (dollar_gpus or gpus) * seconds / 3600 * usd
+
+
+def test_run_estimate_check_says_what_it_computed(capsys):
+    import re
+
+    md.labs.check_run_estimate(_run_estimate)
+    out = capsys.readouterr().out
+    assert out == "ok: run_estimate: step time, throughput, days and dollars follow 6 Psi B / (P F MFU)\n"
+    # the check's case (Psi = 30e9) gives 24.7 days and $303,214; the lab's run (Psi = 30.31e9) 24.9 days and
+    # $306,366: the check's line must not print numbers that sit next to the lab's and disagree with them
+    assert not re.search(r"\d+(\.\d+)? days|\$\d", out)
+    psi = 12 * 48 * 7168**2 + 2 * 50_000 * 7168  # the lab's model
+    peak = md.hardware.gpu("H100-80GB-SXM").peak("bf16")
+    _, _, days, usd = _run_estimate(psi, 600e9, 4 * 2**20, 128, peak, 0.4, 4.0)
+    assert f"{days:.1f} days, ${usd:,.0f}" == "24.9 days, $306,366"  # what the lab prints after the check
+
+
+def test_run_estimate_check_names_the_slip():
+    _rejects(md.labs.check_run_estimate, lambda *a: _run_estimate(*a, flops_per_token=2), match="6 Psi FLOPs per token")
+    _rejects(md.labs.check_run_estimate, lambda *a: _run_estimate(*a, use_mfu=False), match="divide by the MFU")
+    _rejects(md.labs.check_run_estimate, lambda *a: _run_estimate(*a, seconds_per_day=3600), match="that is hours")
+    _rejects(md.labs.check_run_estimate, lambda *a: _run_estimate(*a, dollar_gpus=1), match="the cost of one GPU")
+
+
 # --- lab 04: scaling laws ------------------------------------------------------------------------
 
 def test_power_law_fit_check():
