@@ -69,25 +69,32 @@ def _for_parents(xt: Tensor | None, yt: Tensor | None, gx, gy) -> tuple:
     return gx, gy
 
 
-def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops_bwd: int = 2) -> Callable:
-    """Build a broadcasting binary op from its forward and ``grads(g, x, y, out, need_x, need_y)``."""
+def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops_bwd: int = 2,
+            keeps_operands: bool = True) -> Callable:
+    """Build a broadcasting binary op from its forward and ``grads(g, x, y, out, need_x, need_y)``.
+
+    ``keeps_operands=False``: the gradients do not read x and y (add, sub), so the backward does not hold
+    them, and a weight used here (a bias) does not stay alive through the graph.
+    """
 
     def op(x: Any, y: Any) -> Tensor:
         xt, xd, yt, yd = operands(name, x, y)
         out = _broadcast_apply(name, fwd, xd, yd)
+        operand_bytes = _nb(xd) + _nb(yd)
         if _cost._hook is not None:
-            _cost.charge(name, flops_fwd * out.size, _nb(xd) + _nb(yd) + out.nbytes, out.dtype)
+            _cost.charge(name, flops_fwd * out.size, operand_bytes + out.nbytes, out.dtype)
         if not _rec(xt, yt):
             return _const(out)
         need_x = xt is not None and xt.requires_grad
         need_y = yt is not None and yt.requires_grad
         xs, ys = np.shape(xd), np.shape(yd)
+        kept = (xd, yd) if keeps_operands else (None, None)
 
         def backward(g):
             if _cost._hook is not None:
                 _cost.charge(name + ".backward", flops_bwd * g.size * (need_x + need_y),
-                             g.nbytes * (1 + need_x + need_y) + _nb(xd) + _nb(yd), g.dtype)
-            gx, gy = grads(g, xd, yd, out, need_x, need_y)
+                             g.nbytes * (1 + need_x + need_y) + operand_bytes, g.dtype)
+            gx, gy = grads(g, kept[0], kept[1], out, need_x, need_y)
             gx = unbroadcast(gx, xs) if need_x else None
             gy = unbroadcast(gy, ys) if need_y else None
             return _for_parents(xt, yt, gx, gy)
@@ -98,8 +105,9 @@ def _binary(name: str, fwd: Callable, grads: Callable, flops_fwd: int = 1, flops
     return op
 
 
-add = _binary("add", np.add, lambda g, x, y, o, nx, ny: (g, g), flops_bwd=0)
-sub = _binary("sub", np.subtract, lambda g, x, y, o, nx, ny: (g, -g if ny else None), flops_bwd=1)
+add = _binary("add", np.add, lambda g, x, y, o, nx, ny: (g, g), flops_bwd=0, keeps_operands=False)
+sub = _binary("sub", np.subtract, lambda g, x, y, o, nx, ny: (g, -g if ny else None), flops_bwd=1,
+              keeps_operands=False)
 mul = _binary("mul", np.multiply, lambda g, x, y, o, nx, ny: (g * y if nx else None, g * x if ny else None),
               flops_bwd=1)
 div = _binary("div", np.true_divide,
@@ -238,26 +246,32 @@ def matmul(x: Any, y: Any) -> Tensor:
         return _const(out)
     need_x = xt is not None and xt.requires_grad
     need_y = yt is not None and yt.requires_grad
+    in_bytes, x_shape, y_shape, x2_shape, y2_shape = xd.nbytes + yd.nbytes, xd.shape, yd.shape, x2.shape, y2.shape
+    # A weight that a sharding strategy gathers again before its backward (ZeRO-3, FSDP: ``regathered``)
+    # is read from its parameter then: keeping the array would pin the gathered buffer for the whole step.
+    kept = [None if getattr(xt, "regathered", False) else x2, None if getattr(yt, "regathered", False) else y2]
 
     def backward(g):
         if _cost._hook is not None:
             # each input gradient reads g and the other operand and writes a tensor the size of its input
             _cost.charge("matmul.backward", 2 * batch * m * n * k * (need_x + need_y),
-                         (g.nbytes + xd.nbytes + yd.nbytes) * (need_x + need_y), g.dtype)
+                         (g.nbytes + in_bytes) * (need_x + need_y), g.dtype)
+        a = kept[0] if kept[0] is not None else np.asarray(xt.data).reshape(x2_shape)
+        b = kept[1] if kept[1] is not None else np.asarray(yt.data).reshape(y2_shape)
         g2 = g.reshape(out2.shape)
         gx = gy = None
         if need_x:
             if flat:
-                gx = (g2.reshape(-1, n) @ y2.T).reshape(x2.shape)
+                gx = (g2.reshape(-1, n) @ b.T).reshape(x2_shape)
             else:
-                gx = unbroadcast(g2 @ np.swapaxes(y2, -1, -2), x2.shape)
-            gx = gx.reshape(xd.shape)
+                gx = unbroadcast(g2 @ np.swapaxes(b, -1, -2), x2_shape)
+            gx = gx.reshape(x_shape)
         if need_y:
             if flat:
-                gy = x2.reshape(-1, k).T @ g2.reshape(-1, n)
+                gy = a.reshape(-1, k).T @ g2.reshape(-1, n)
             else:
-                gy = unbroadcast(np.swapaxes(x2, -1, -2) @ g2, y2.shape)
-            gy = gy.reshape(yd.shape)
+                gy = unbroadcast(np.swapaxes(a, -1, -2) @ g2, y2_shape)
+            gy = gy.reshape(y_shape)
         return _for_parents(xt, yt, gx, gy)
 
     return _new(out, _parents(xt, yt), backward, "matmul")

@@ -93,8 +93,9 @@ class BucketedReducer(Hooks):
             self._launch(ui)
 
     def _launch(self, ui: int) -> None:
-        u, flat = self.units[ui], self.flats[ui]
-        u.flatten([np.zeros(p.data.shape, p.data.dtype) if p.grad is None else p.grad for p in u.params], flat)
+        u = self.units[ui]  # a bucket without a standing buffer (ZeRO-2) gets a transient one here
+        flat = u.flatten([np.zeros(p.data.shape, p.data.dtype) if p.grad is None else p.grad for p in u.params],
+                         self.flats[ui])
         self._launched[ui] = True
         work = self.collective(u, flat)
         if work is not None:

@@ -16,7 +16,10 @@ Units: ``zero_stage=3`` shards the embeddings, every block and the head as separ
 releases each right after use. ``fsdp=True`` wraps every block, and leaves the remaining weights
 (embeddings, final norm, head) in a root unit that, like PyTorch's root FSDP module, stays gathered
 from the start of the forward until its gradients are done: fewer gathers, a little more memory.
-A released buffer is filled with NaN, so using weights that were not gathered would show at once.
+
+The sharding is real: between uses a unit's full buffer does not exist. Its parameters then point at
+a read-only NaN of their shape (one element, broadcast), so the process holds only the shards, and
+using weights that were not gathered shows at once.
 """
 
 from __future__ import annotations
@@ -60,11 +63,12 @@ class ShardedModel(Hooks):
         plan, self.keys = plan_units(model, fsdp)
         self.order = ["embed"] + [f"block.{i}" for i in range(len(model.blocks))] + ["head"]  # forward order
         self.units = [FlatUnit(name, params, dp, dp_rank) for name, params in plan]
-        self.full = [u.flatten([p.data for p in u.params]) for u in self.units]
+        self.full: list[np.ndarray | None] = [u.flatten([p.data for p in u.params]) for u in self.units]
         self.shards = [u.shard(f).copy() for u, f in zip(self.units, self.full)]
-        for u, f in zip(self.units, self.full):
-            for p, v in zip(u.params, u.views(f)):
-                p.data = v
+        for ui, u in enumerate(self.units):
+            self._point(ui)
+            for p in u.params:
+                p.regathered = True  # the autograd reads it again at backward time instead of keeping it
         self.grad_shards = [np.zeros(u.shard_size, u.dtype) for u in self.units]
         self.gathered = [True] * len(self.units)
         self._gathers: dict[int, object] = {}
@@ -84,7 +88,7 @@ class ShardedModel(Hooks):
                 dist.broadcast(f, self.group.global_rank(0), group=self.group,
                                algorithm=offered("broadcast", self.algorithm))
                 self.shards[ui][...] = u.shard(f)
-            f[...] = np.nan
+            self._drop(ui)
             self.gathered[ui] = False
         shard = sum(u.shard_size for u in self.units)
         if self.host is None:
@@ -93,12 +97,25 @@ class ShardedModel(Hooks):
         ledger.alloc("optimizer", shard * state_bytes["optimizer"])
 
     # -- gathering -------------------------------------------------------------------------
+    def _point(self, ui: int) -> None:
+        """Unit ``ui``'s parameters become views of its full buffer."""
+        for p, v in zip(self.units[ui].params, self.units[ui].views(self.full[ui])):
+            p.data = v
+
+    def _drop(self, ui: int) -> None:
+        """Free unit ``ui``'s full buffer; its parameters read NaN (one element) until the next gather."""
+        self.full[ui] = None
+        for p in self.units[ui].params:
+            p.data = np.broadcast_to(np.array(np.nan, dtype=self.units[ui].dtype), p.data.shape)
+
     def _gather(self, ui: int) -> None:
         """Start rebuilding unit ``ui``'s full weights (async); no-op if they are there or coming."""
         if self.gathered[ui]:
             return
         u = self.units[ui]
         self.ledger.alloc("buffers", u.padded * u.itemsize)
+        self.full[ui] = u.empty()
+        self._point(ui)
         shard = self.shards[ui] if self.host is None else self.host.fetch(ui)
         if self.dp == 1:
             self.full[ui][...] = shard
@@ -118,7 +135,7 @@ class ShardedModel(Hooks):
     def _release(self, ui: int) -> None:
         if self.gathered[ui]:
             self._ensure(ui)  # never drop a gather still in flight
-            self.full[ui][...] = np.nan
+            self._drop(ui)
             u = self.units[ui]
             self.ledger.free("buffers", u.padded * u.itemsize)
             self.gathered[ui] = False

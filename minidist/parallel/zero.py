@@ -38,6 +38,8 @@ class ZeroOptimizer(BucketedReducer):
         self._inflight: list[tuple] = []
         super().__init__(*args, **kwargs)
         self.grad_shards = [np.zeros(u.shard_size, u.dtype) for u in self.units] if stage == 2 else None
+        if stage == 2:  # no standing full-size gradient buckets: each is allocated when it fills, freed once reduced
+            self.flats = [None] * len(self.units)
 
     @property
     def accumulates_locally(self) -> bool:
@@ -68,12 +70,13 @@ class ZeroOptimizer(BucketedReducer):
         else:
             work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True,
                                               algorithm=offered("reduce_scatter", self.algorithm))
-        self._inflight.append((work, out, self.units.index(unit), flat.nbytes))
+        self._inflight.append((work, out, self.units.index(unit), flat))  # the bucket lives until it is reduced
         return None
 
     def _drain(self, keep: int = 0) -> None:
         while len(self._inflight) > keep:
-            work, out, ui, nbytes = self._inflight.pop(0)
+            work, out, ui, flat = self._inflight.pop(0)
+            nbytes = flat.nbytes
             if work is not None:
                 work.wait()
             self.grad_shards[ui] += out
