@@ -102,7 +102,7 @@ def test_cp_step_traffic_contains_the_ring_closed_form():
     (MOE, ParallelConfig(ep=3), "4 experts cannot be split evenly over ep=3"),
     (MOE, ParallelConfig(dp=2, zero_stage=3), "zero_stage 0, 1 or 2"),
     (DENSE, ParallelConfig(cp=2, tp=2, sequence_parallel=True), "cp with sequence_parallel"),
-    (MOE, ParallelConfig(ep=2, tp=2), "do not compose with tp"),
+    (MOE, ParallelConfig(ep=2, tp=2, sequence_parallel=True), "do not compose with sequence_parallel"),
     (MOE, ParallelConfig(pp=2), "mixture-of-experts"),
     (MOE, ParallelConfig(cp=2), "capacity dropping with cp > 1"),
 ])

@@ -140,7 +140,9 @@ def test_noise_scale_check():
 
 # --- lab 06: ring and tree ------------------------------------------------------------------------
 
-def _ring(x, ag_offset=1, blocking=False):
+def _ring(x, ag_offset=1, blocking=False, rs_into=1, ag_adds=False):
+    """A ring all-reduce, right by default; each argument plants one mistake: the all-gather's chunk offset,
+    blocking steps, the reduce-scatter adding into chunk (r - k - rs_into), the all-gather adding what it gets."""
     import numpy as np
 
     r, p = md.dist.get_rank(), md.dist.get_world_size()
@@ -163,9 +165,13 @@ def _ring(x, ag_offset=1, blocking=False):
     for k in range(p - 1):
         buf = np.empty_like(chunks[(r - k - 1) % p])
         step(chunks[(r - k) % p], buf)
-        chunks[(r - k - 1) % p] += buf
+        chunks[(r - k - rs_into) % p] += buf
     for k in range(p - 1):
-        step(chunks[(r - k + ag_offset) % p], chunks[(r - k + ag_offset - 1) % p])
+        into = chunks[(r - k + ag_offset - 1) % p]
+        buf = np.empty_like(into) if ag_adds else into
+        step(chunks[(r - k + ag_offset) % p], buf)
+        if ag_adds:
+            into += buf
 
 
 def _ring_good(x):
@@ -204,21 +210,7 @@ def _ring_whole_buffer(x):
 
 def _ring_accumulates_into_sent_chunk(x):
     """The reduce-scatter adds what arrives into the chunk it just sent, not the one it sends next."""
-    import numpy as np
-
-    r, p = md.dist.get_rank(), md.dist.get_world_size()
-    chunks = np.array_split(x, p)
-    right, left = (r + 1) % p, (r - 1) % p
-    for k in range(p - 1):
-        buf = np.empty_like(chunks[(r - k - 1) % p])
-        w = md.dist.isend(chunks[(r - k) % p], right)
-        md.dist.recv(buf, left)
-        w.wait()
-        chunks[(r - k) % p] += buf  # the mistake (the first case, p = 2 with n = 8, has equal chunks)
-    for k in range(p - 1):
-        w = md.dist.isend(chunks[(r - k + 1) % p], right)
-        md.dist.recv(chunks[(r - k) % p], left)
-        w.wait()
+    _ring(x, rs_into=0)  # on 2 ranks with n = 8 (the first case) the chunks are equal, so this runs
 
 
 def _ring_accumulates_wrong_from_three_ranks(x):
@@ -227,24 +219,9 @@ def _ring_accumulates_wrong_from_three_ranks(x):
 
 
 def _ring_allgather_adds(x):
-    """A right reduce-scatter; the all-gather adds what it receives instead of storing it (an all-gather mistake)."""
-    import numpy as np
-
-    r, p = md.dist.get_rank(), md.dist.get_world_size()
-    chunks = np.array_split(x, p)
-    right, left = (r + 1) % p, (r - 1) % p
-    for k in range(p - 1):
-        buf = np.empty_like(chunks[(r - k - 1) % p])
-        w = md.dist.isend(chunks[(r - k) % p], right)
-        md.dist.recv(buf, left)
-        w.wait()
-        chunks[(r - k - 1) % p] += buf
-    for k in range(p - 1):
-        buf = np.empty_like(chunks[(r - k) % p])
-        w = md.dist.isend(chunks[(r - k + 1) % p], right)
-        md.dist.recv(buf, left)
-        w.wait()
-        chunks[(r - k) % p] += buf  # the mistake: on 2 ranks every message is still the schedule's
+    """A right reduce-scatter; the all-gather adds what it receives instead of storing it (an all-gather mistake:
+    on 2 ranks every message is still the schedule's)."""
+    _ring(x, ag_adds=True)
 
 
 def _ring_not_in_place(x):

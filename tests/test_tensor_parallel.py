@@ -294,7 +294,10 @@ def test_weights_after_adamw_steps_equal_single_device(sp):
         np.testing.assert_allclose(weights[name], p.data, rtol=RTOL, atol=1e-12, err_msg=name)
 
 
-def test_mixture_of_experts_is_refused():
+def test_mixture_of_experts_stays_whole_and_sequence_parallel_is_refused():
     cfg = config(n_experts=4, top_k=1)
+    model = tensor_parallelize(md.GPT(cfg, seed=0), TPGroup(None, size=2, rank=0))
+    assert type(model.blocks[0].mlp).__name__ == "MoE"  # replicated on every tp rank; ep splits the experts
+    assert type(model.blocks[0].attn).__name__ == "TensorParallelAttention"
     with pytest.raises(ValueError, match="mixture-of-experts"):
-        tensor_parallelize(md.GPT(cfg, seed=0), TPGroup(None, size=2, rank=0))
+        tensor_parallelize(md.GPT(cfg, seed=0), TPGroup(None, size=2, rank=0, sequence_parallel=True))

@@ -25,10 +25,11 @@ ValueError before any rank starts:
 * for a reason of meaning: a mixture-of-experts model with ``microbatches > 1`` (expert capacity and
   the load-balancing loss are statistics of the whole batch; per micro-batch they define another
   objective); capacity dropping with ``cp > 1``; ``dropout > 0`` (masks would differ by layout);
-  Ulysses when a rank's ``n_heads / tp`` query heads do not divide over ``cp``;
+  Ulysses when a rank's ``n_heads / tp`` query heads do not divide over ``cp``; MoE with sequence
+  parallelism (a sequence shard would route only its own tokens);
 * because the composition is not built yet (``tests/data/compose_refused.txt`` lists them): pipeline
-  parallelism with ZeRO-3, FSDP, offloading, ep or MoE; ep or MoE with tp; cp with sequence
-  parallelism; MoE with ZeRO-3 or FSDP.
+  parallelism with ZeRO-3, FSDP, offloading, ep or MoE; cp with sequence parallelism; MoE with
+  ZeRO-3 or FSDP. (With tp, an MoE layer stays whole on every tp rank; ep splits the experts.)
 """
 
 from __future__ import annotations

@@ -68,10 +68,10 @@ def _tokens(cfg, pc) -> None:
         raise ValueError(f"parallel.train: cp_method must be one of {METHODS}, got {pc.cp_method!r}")
     if pc.cp_layout not in LAYOUTS:
         raise ValueError(f"parallel.train: cp_layout must be one of {LAYOUTS}, got {pc.cp_layout!r}")
-    if (pc.ep > 1 or cfg.n_experts) and (pc.tp > 1 or pc.sequence_parallel):
-        raise ValueError("parallel.train: ep and mixture-of-experts models do not compose with tp or "
-                         f"sequence_parallel yet (tp does not split experts); got ep={pc.ep}, "
-                         f"n_experts={cfg.n_experts}, tp={pc.tp}")
+    if (pc.ep > 1 or cfg.n_experts) and pc.sequence_parallel:
+        raise ValueError("parallel.train: mixture-of-experts models do not compose with sequence_parallel (a "
+                         "sequence shard would route only its own tokens: other capacities and router losses); "
+                         f"got ep={pc.ep}, n_experts={cfg.n_experts}")
     if pc.cp > 1 and pc.sequence_parallel:
         raise ValueError("parallel.train: cp with sequence_parallel is not built yet (both would cut the "
                          "sequence and the positions); use tp without sequence_parallel with cp")

@@ -8,7 +8,9 @@ micro-batch the group does 2 all-reduces forward and 2 backward (``g`` after att
 the MLP; ``f`` before each), or with sequence parallelism 2 all-gathers and 2 reduce-scatters
 forward and their mirror images backward, plus the all-gathers that rebuild the column layers'
 inputs. The embedding adds one ``g`` forward, the head one ``f`` backward, and the
-vocabulary-parallel cross-entropy two all-reduces of per-token scalars.
+vocabulary-parallel cross-entropy two all-reduces of per-token scalars. A mixture-of-experts layer
+stays whole on every tp rank: its input is replicated there, and expert parallelism (not tp) is
+what splits the experts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from minidist.nn.gpt import GPT, Block, TiedHead
 from minidist.nn.layers import Linear
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module
+from minidist.nn.moe import MoE
 from minidist.parallel.sequence_parallel import (
     SequenceParallelDropout,
     SequenceParallelPositions,
@@ -103,9 +106,9 @@ class TensorParallelBlock(Block):
     tp: TPGroup
 
     def forward(self, x):
-        out = self.mlp.fc2 if self.mlp.kind == "gelu" else self.mlp.w_down
+        out = None if isinstance(self.mlp, MoE) else self.mlp.fc2 if self.mlp.kind == "gelu" else self.mlp.w_down
         params = [self.ln1.weight, getattr(self.ln1, "bias", None), self.ln2.weight, getattr(self.ln2, "bias", None),
-                  self.attn.wo.bias, out.bias]
+                  self.attn.wo.bias, getattr(out, "bias", None)]
         with replicated_scope(self.tp, params):
             return super().forward(x)
 
@@ -145,15 +148,16 @@ def tensor_parallelize(model: GPT, tp: TPGroup) -> TensorParallelGPT:
     """
     if not isinstance(model, GPT) or isinstance(model, TensorParallelGPT):
         raise TypeError(f"tensor_parallelize: expected a dense GPT, got {type(model).__name__}")
-    if getattr(model.config, "n_experts", 0):
-        raise ValueError(f"tensor_parallelize: mixture-of-experts blocks (n_experts={model.config.n_experts}) are "
-                         f"not split by tensor parallelism here; use expert parallelism")
+    if getattr(model.config, "n_experts", 0) and tp.sequence_parallel:
+        raise ValueError("tensor_parallelize: a mixture-of-experts layer on a sequence shard would route only its "
+                         "shard's tokens (capacity and losses of another batch); use sequence_parallel=False")
     check_divisible(model.config, tp.size, tp.sequence_parallel)
     sp = tp.sequence_parallel
     new = adopt(TensorParallelGPT, model, tp=tp)
     for i, block in enumerate(model.blocks):
         _swap(block, "attn", TensorParallelAttention(block.attn, tp))
-        _swap(block, "mlp", TensorParallelMLP(block.mlp, tp))
+        if not isinstance(block.mlp, MoE):  # an MoE layer stays whole on every tp rank (ep splits experts)
+            _swap(block, "mlp", TensorParallelMLP(block.mlp, tp))
         if sp:
             _swap(block, "ln1", sequence_parallel_norm(block.ln1, tp))
             _swap(block, "ln2", sequence_parallel_norm(block.ln2, tp))
