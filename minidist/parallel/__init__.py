@@ -14,7 +14,7 @@ side), ``flat`` (padded flat parameters), ``flat_optim`` (the elementwise update
 ``runner`` (a micro-batch's forward and backward with the strategies' hooks).
 
 Tensor parallelism (chapter 15): ``tensor_parallel`` (TPGroup, the conjugate f/g operators and their
-sequence-parallel halves, column/row-parallel linears), ``sequence_parallel`` (norms, dropout and
+sequence-parallel halves), ``parallel_linear`` (column/row-parallel linears), ``sequence_parallel`` (norms, dropout and
 positions on sequence shards), ``vocab_parallel`` (embedding, head, cross-entropy split by
 vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(GPT)``).
 
@@ -35,7 +35,8 @@ from minidist.parallel.parallelize import Parallelized, parallelize, split_sizes
 from minidist.parallel.train import TrainResult, train
 
 # isort: split
-from minidist.parallel.tensor_parallel import ColumnParallelLinear, RowParallelLinear, TPGroup
+from minidist.parallel.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.tensor_parallel import TPGroup
 from minidist.parallel.tensor_parallel_model import tensor_parallelize
 from minidist.parallel.vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 

@@ -31,9 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minidist import dist
 from minidist.autograd import Function
 from minidist.autograd import functional as F
 from minidist.collectives import offered
+from minidist.nn.attention import repeat_kv
 from minidist.parallel.online_softmax import (
     _group,
     block_grads,
@@ -70,8 +72,6 @@ class CPGroup:
     @classmethod
     def of(cls, group=None, layout: str = "contiguous", algorithm: str | None = None) -> CPGroup:
         """The group of this rank (inside ``md.launch``; ``group=None``: all ranks)."""
-        from minidist import dist
-
         ranks = tuple(group.ranks) if group is not None else tuple(range(dist.get_world_size()))
         return cls(group, len(ranks), dist.get_rank(group), layout, ranks, algorithm)
 
@@ -126,8 +126,6 @@ def _pairs(cp: CPGroup, seq_len: int, src: int, causal: bool):
 
 def _rotate(cp: CPGroup, send: np.ndarray, recv: np.ndarray, tag: int) -> list:
     """Post this step's transfer: ``send`` to the successor, the predecessor's block into ``recv``."""
-    from minidist import dist
-
     return [dist.isend(send, cp._peer(1), tag=tag), dist.irecv(recv, cp._peer(-1), tag=tag)]
 
 
@@ -208,14 +206,10 @@ class RingAttention(Function):
 
 
 def _rotate_send(cp: CPGroup, arr: np.ndarray, tag: int):
-    from minidist import dist
-
     return dist.isend(arr, cp._peer(1), tag=tag)
 
 
 def _rotate_recv(cp: CPGroup, arr: np.ndarray, tag: int):
-    from minidist import dist
-
     return dist.irecv(arr, cp._peer(-1), tag=tag)
 
 
@@ -243,8 +237,6 @@ def ring_attention(q, k, v, cp: CPGroup, is_causal: bool = True, scale: float | 
 # -- Ulysses -------------------------------------------------------------------------------
 def _seq_to_heads(x: np.ndarray, cp: CPGroup) -> np.ndarray:
     """(B, H, T/p, d) -> (B, H/p, T, d): my head block at every position, sequence in group-rank order."""
-    from minidist import dist
-
     B, H, t, d = x.shape
     p = cp.size
     inp = np.ascontiguousarray(x.reshape(B, p, H // p, t, d).swapaxes(0, 1))  # block j goes to rank j
@@ -255,8 +247,6 @@ def _seq_to_heads(x: np.ndarray, cp: CPGroup) -> np.ndarray:
 
 def _heads_to_seq(x: np.ndarray, cp: CPGroup) -> np.ndarray:
     """(B, H/p, T, d) -> (B, H, T/p, d): the inverse all-to-all."""
-    from minidist import dist
-
     B, h, T, d = x.shape
     p = cp.size
     inp = np.ascontiguousarray(x.reshape(B, h, p, T // p, d).transpose(2, 0, 1, 3, 4))  # chunk j to rank j
@@ -300,18 +290,12 @@ def ulysses_attention(q, k, v, cp: CPGroup, is_causal: bool = True, scale: float
     if H % cp.size:
         raise ValueError(f"ulysses_attention: {H} heads cannot be split over cp={cp.size} ranks")
     if cp.size == 1:
-        from minidist.nn.attention import repeat_kv
-
         return F.scaled_dot_product_attention(q, repeat_kv(k, H // G), repeat_kv(v, H // G), is_causal=is_causal,
                                               scale=scale)
     if G % cp.size:
-        from minidist.nn.attention import repeat_kv
-
         k, v, G = repeat_kv(k, H // G), repeat_kv(v, H // G), H
     qh, kh, vh = SeqToHeads.apply(q, cp), SeqToHeads.apply(k, cp), SeqToHeads.apply(v, cp)
     if H != G:
-        from minidist.nn.attention import repeat_kv
-
         kh, vh = repeat_kv(kh, H // G), repeat_kv(vh, H // G)
     T = qh.shape[2]
     mask = None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minidist import dist
 from minidist.autograd import Function
 from minidist.autograd import functional as F
 from minidist.collectives import offered
@@ -58,8 +59,6 @@ class EPGroup:
     def of(cls, group=None, count_group=None, algorithm: str | None = None) -> EPGroup:
         """Inside ``md.launch``: ``group`` (None: all ranks) holds the experts; ``count_group``
         (default ``group``) the ranks whose tokens make one batch. It must contain ``group``."""
-        from minidist import dist
-
         ranks = tuple(group.ranks) if group is not None else tuple(range(dist.get_world_size()))
         count_group = group if count_group is None else count_group
         cranks = tuple(count_group.ranks) if count_group is not None else tuple(range(dist.get_world_size()))
@@ -94,8 +93,6 @@ class AllToAll(Function):
 
 
 def _all_to_all(x: np.ndarray, send: list[int], recv: list[int], ep: EPGroup) -> np.ndarray:
-    from minidist import dist
-
     out = np.empty((sum(recv),) + x.shape[1:], dtype=x.dtype)
     dist.all_to_all_single(out, np.ascontiguousarray(x), recv, send, group=ep.group,
                            algorithm=offered("all_to_all", ep.algorithm))
@@ -113,8 +110,6 @@ class ExpertParallelRouting(LocalRouting):
         ep = self.ep
         if ep.count_size == 1:
             return counts[None], 0
-        from minidist import dist
-
         src = np.ascontiguousarray(counts, dtype=np.int64)
         out = np.empty((ep.count_size,) + src.shape, dtype=np.int64)
         dist.all_gather_into_tensor(out, src, group=ep.count_group, algorithm=offered("all_gather", ep.algorithm))

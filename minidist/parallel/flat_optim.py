@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist import dist
 from minidist.optim.adamw import adamw_update_
 from minidist.optim.sgd import sgd_update_
 
@@ -45,8 +46,6 @@ class FlatOptimizer:
                        skip: frozenset[int] | set[int] = frozenset()) -> None:
         """``step``, charged to this rank's simulated clock. The update is elementwise and memory-bound: it
         reads and writes the weight, gradient and state, 7 arrays' worth of bytes for AdamW and 4 for SGD."""
-        from minidist import dist
-
         self.step(pieces, skip)
         arrays = 7 if self.kind == "adamw" else 4
         moved = sum(p.nbytes for i, (p, _) in enumerate(pieces) if i not in skip)

@@ -30,13 +30,19 @@ from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from minidist import dist
 from minidist.autograd import Tensor, no_grad
 from minidist.autograd import cost as _cost
 from minidist.autograd import functional as F
+from minidist.data import get_batch, load_tokens
+from minidist.hardware.cluster import Cluster
+from minidist.nn import GPT, GPTConfig
 from minidist.parallel.memory import graph_bytes
 from minidist.parallel.recompute import run_checkpointed
 from minidist.parallel.schedules import Action, Schedule
 from minidist.parallel.split_backward import WeightGradStore
+from minidist.runtime import launch
+from minidist.runtime.context import current
 
 TAG_BASE = 1 << 20  # pipeline messages' tags start here (kept apart from other point-to-point traffic)
 
@@ -232,9 +238,6 @@ class PipelineExecutor:
         """Run this rank's actions of ``schedule`` on micro-batches ``idx[i]``/``targets[i]`` whose losses
         are scaled by ``weights[i]``; gradients accumulate into the parameters' ``.grad``. Returns the
         sum of the weighted losses computed here (non-zero on the last stage only)."""
-        from minidist import dist
-        from minidist.runtime.context import current
-
         if schedule.stages != self.p or schedule.virtual != self.v:
             raise ValueError(f"PipelineExecutor.run: schedule is for p={schedule.stages}, v={schedule.virtual}; "
                              f"this pipeline has p={self.p}, v={self.v}")
@@ -351,11 +354,6 @@ def measure_schedule(schedule: Schedule, config=None, unit_costs: dict | None = 
     and ``cluster`` sets the links (default: free links, so only the schedule shapes the timeline).
     The result's ``trace`` has the ``pipeline`` events; ``memory[r].peak["activations"]`` the ledger.
     """
-    from minidist.data import get_batch, load_tokens
-    from minidist.hardware.cluster import Cluster
-    from minidist.nn import GPT, GPTConfig
-    from minidist.runtime import launch
-
     cfg = config or GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=8, n_heads=2, dtype="float64")
     p, m, v = schedule.stages, schedule.microbatches, schedule.virtual
     layout = stage_layout(cfg.n_layers, p, v)
@@ -364,8 +362,6 @@ def measure_schedule(schedule: Schedule, config=None, unit_costs: dict | None = 
     xs, ys = [x[i * rows:(i + 1) * rows] for i in range(m)], [y[i * rows:(i + 1) * rows] for i in range(m)]
 
     def rank():
-        from minidist import dist
-
         ex = PipelineExecutor(GPT(cfg, seed=seed), list(range(p)), dist.get_rank(), layout, unit_costs=unit_costs,
                               ledger=dist.memory())
         return ex.run(schedule, xs, ys, [1 / m] * m)

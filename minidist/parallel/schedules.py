@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from minidist.hardware.trace import Event, Trace
+
 COMPUTE = ("F", "B", "I", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 OPS = COMPUTE + COMM
@@ -290,8 +292,6 @@ def simulate(s: Schedule, F: float = 1.0, B: float | None = None, I: float | Non
     ``pipeline`` event per compute action (named ``str(action)``) and a ``link`` event per message.
 
     Defaults: I = W = F and B = I + W (the backward costs twice the forward)."""
-    from minidist.hardware.trace import Event, Trace
-
     check_schedule(s)
     I = F if I is None else I  # noqa: E741
     W = F if W is None else W

@@ -8,7 +8,7 @@ on its own 1/t of the sequence instead. The all-reduce that closed a tensor-para
 splits into its two halves: a reduce-scatter (sum, keep my positions) where the region ends and an
 all-gather (rebuild the whole sequence) where the next one begins, the same bytes as the
 all-reduce. With the input of each column-parallel matmul also kept only as a shard (gathered again
-in the backward, see ``tensor_parallel._GatheredColumns``), every activation of the layer is
+in the backward, see ``parallel_linear._GatheredColumns``), every activation of the layer is
 divided by ``t``.
 
 What changes here:

@@ -31,6 +31,7 @@ import numpy as np
 from minidist.autograd import cost as _cost
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor, unbroadcast
+from minidist.nn.layers import Linear
 
 
 def _accumulate(p: Tensor, g: np.ndarray) -> None:
@@ -104,14 +105,12 @@ class WeightGradStore:
         """Give every ``Linear`` inside ``modules`` a splittable backward, and every column-parallel
         layer's local matmul too (the row-parallel and sequence-gathered column functions of
         ``tensor_parallel.py`` need no wrapping: they call :func:`weight_grads` themselves)."""
-        from minidist.nn.layers import Linear
-        from minidist.parallel.tensor_parallel import ColumnParallelLinear
-
         for module in modules:
             for sub in module.modules():
-                if isinstance(sub, (Linear, ColumnParallelLinear)) and id(sub) not in self._wrapped:
+                local = getattr(sub, "splits_local_matmul", False)  # a column-parallel layer's own matmul
+                if (isinstance(sub, Linear) or local) and id(sub) not in self._wrapped:
                     self._wrapped.add(id(sub))
-                    self.wrap(sub, "local" if isinstance(sub, ColumnParallelLinear) else "forward")
+                    self.wrap(sub, "local" if local else "forward")
 
     def wrap(self, linear, method: str = "forward") -> None:
         """Route ``linear``'s ``method`` (``x -> x @ weight + bias``) through the splittable function; the

@@ -22,13 +22,7 @@ the activations between layers are split along the sequence instead of replicate
 all-reduce becomes its two halves: an all-gather where ``f`` was, a reduce-scatter where ``g``
 was (:class:`GatherFromSequenceParallel`, :class:`ReduceScatterToSequenceParallel`).
 
-The fused functions compute their weight gradients through ``split_backward.weight_grads``, so
-inside a zero-bubble pipeline's ``I`` pass (chapter 16) those products wait for the ``W`` pass while
-every collective still happens in ``I``.
-
-Weights are stored ``(in, out)`` as in ``minidist.nn.Linear``; a parallel layer keeps only its
-block and checks on every call that it holds a block of the size its group implies, so it cannot
-run as a dense layer by mistake.
+The column- and row-parallel layers built from these operators are in ``parallel_linear.py``.
 """
 
 from __future__ import annotations
@@ -37,11 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minidist.autograd import Function, cost
+from minidist import dist
+from minidist.autograd import Function
 from minidist.collectives import offered
-from minidist.nn.layers import Linear
-from minidist.nn.module import Module, Parameter
-from minidist.parallel.split_backward import weight_grads
 
 
 @dataclass(frozen=True)
@@ -58,8 +50,6 @@ class TPGroup:
     @classmethod
     def of(cls, group=None, sequence_parallel: bool = False, algorithm: str | None = None) -> TPGroup:
         """The group's size and this rank's place in it (inside ``md.launch``)."""
-        from minidist import dist
-
         return cls(group, dist.get_world_size(group), dist.get_rank(group), sequence_parallel, algorithm)
 
     def block(self, n: int, what: str) -> tuple[int, int]:
@@ -73,8 +63,6 @@ class TPGroup:
 # -- the collectives, on raw arrays --------------------------------------------------------
 def _all_reduce(a: np.ndarray, tp: TPGroup, op=None) -> np.ndarray:
     if tp.size > 1:
-        from minidist import dist
-
         dist.all_reduce(a, op=dist.ReduceOp.SUM if op is None else op, group=tp.group,
                         algorithm=offered("all_reduce", tp.algorithm))
     return a
@@ -84,8 +72,6 @@ def all_gather_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
     """Concatenate every rank's ``a`` along ``axis`` (rank order)."""
     if tp.size == 1:
         return a
-    from minidist import dist
-
     src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
     out = np.empty((tp.size * src.shape[0],) + src.shape[1:], dtype=a.dtype)
     dist.all_gather_into_tensor(out, src, group=tp.group, algorithm=offered("all_gather", tp.algorithm))
@@ -99,8 +85,6 @@ def reduce_scatter_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
                          f"by tp={tp.size}")
     if tp.size == 1:
         return a.copy()
-    from minidist import dist
-
     src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
     out = np.empty((src.shape[0] // tp.size,) + src.shape[1:], dtype=a.dtype)
     dist.reduce_scatter_tensor(out, src, group=tp.group, algorithm=offered("reduce_scatter", tp.algorithm))
@@ -202,206 +186,3 @@ class ScatterToSequenceParallel(Function):
     @staticmethod
     def backward(ctx, g):
         return all_gather_along(g.data, ctx.tp, ctx.axis), None, None
-
-
-def _charge_matmul(rows: int, k: int, n: int, dtype) -> None:
-    cost.charge("matmul", 2 * rows * k * n, (rows * k + k * n + rows * n) * np.dtype(dtype).itemsize, dtype)
-
-
-class _GatheredColumns(Function):
-    """All-gather along the sequence, then several column-parallel matmuls sharing that input.
-
-    Fused so that only the sequence shard is kept for the backward (Korthikanti et al.): the
-    backward gathers the input again to form the weight gradients, and reduce-scatters the input
-    gradient. Output: the matmuls' outputs concatenated along the last axis.
-    """
-
-    @staticmethod
-    def forward(ctx, x, tp, *wb):
-        ctx.tp, ctx.x, ctx.wb = tp, x, wb
-        total = all_gather_along(x.data, tp, 1)
-        outs = []
-        for w, b in zip(wb[::2], wb[1::2]):
-            _charge_matmul(total.size // total.shape[-1], w.shape[0], w.shape[1], total.dtype)
-            y = total @ w.data
-            outs.append(y + b.data if b is not None else y)
-        return np.concatenate(outs, axis=-1)
-
-    @staticmethod
-    def backward(ctx, gy):
-        tp, x, wb = ctx.tp, ctx.x, ctx.wb
-        total = all_gather_along(x.data, tp, 1)  # the extra all-gather: only the shard was kept
-        t2 = total.reshape(-1, total.shape[-1])
-        dx, start, blocks = np.zeros_like(total), 0, []
-        for w in wb[::2]:
-            n = w.shape[1]
-            g = gy.data[..., start:start + n]
-            blocks.append((start, n))
-            start += n
-            dx += g @ w.data.T
-            _charge_matmul(t2.shape[0], n, w.shape[0], total.dtype)
-
-        def compute():  # the weight gradients (deferred to the W pass inside a zero-bubble I pass)
-            grads = []
-            for (lo, n), w, b in zip(blocks, wb[::2], wb[1::2]):
-                g2 = gy.data[..., lo:lo + n].reshape(-1, n)
-                grads += [t2.T @ g2, None if b is None else g2.sum(axis=0)]
-                _charge_matmul(w.shape[0], t2.shape[0], n, total.dtype)
-            return grads
-
-        grads = weight_grads(wb, compute, (t2, gy.data))
-        return (reduce_scatter_along(dx, tp, 1), None, *grads)
-
-
-class _RowParallelMatmul(Function):
-    """``x_i @ W_i`` followed by ``g`` (all-reduce), or by a reduce-scatter along the sequence with
-    sequence parallelism; fused so the partial sums are not kept once reduced."""
-
-    @staticmethod
-    def forward(ctx, x, w, tp):
-        ctx.tp, ctx.x, ctx.w = tp, x, w
-        _charge_matmul(x.size // x.shape[-1], w.shape[0], w.shape[1], x.dtype)
-        partial = x.data @ w.data
-        if tp.sequence_parallel:
-            return reduce_scatter_along(partial, tp, 1)
-        return _all_reduce(partial, tp)
-
-    @staticmethod
-    def backward(ctx, g):
-        tp, x, w = ctx.tp, ctx.x, ctx.w
-        g = all_gather_along(g.data, tp, 1) if tp.sequence_parallel else g.data
-        g2, x2 = g.reshape(-1, g.shape[-1]), x.data.reshape(-1, x.shape[-1])
-        _charge_matmul(g2.shape[0], w.shape[1], w.shape[0], g.dtype)
-
-        def compute():
-            _charge_matmul(w.shape[0], g2.shape[0], w.shape[1], g.dtype)
-            return (x2.T @ g2,)
-
-        (gw,) = weight_grads((w,), compute, (x2, g2))  # deferred inside a zero-bubble I pass
-        return g @ w.data.T, gw, None
-
-
-# -- the layers ----------------------------------------------------------------------------
-def _check_group(layer: Module, tp: TPGroup) -> None:
-    """A parallel layer must hold exactly its block: no silent fallback to a dense (or wrong) one."""
-    axis, full = layer.shard_axis, (layer.in_features, layer.out_features)
-    want = list(full)
-    want[axis] //= tp.size
-    if tuple(layer.weight.shape) != tuple(want):
-        raise RuntimeError(f"{type(layer).__name__}: holds a weight of shape {tuple(layer.weight.shape)} but its "
-                           f"block of a ({full[0]}, {full[1]}) matrix over tp={tp.size} ranks is {tuple(want)}")
-
-
-class _ParallelLinear(Module):
-    shard_axis = 1  # the axis of the (in, out) weight that is split across ranks
-    bias_sharded = True
-
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup, bias: bool = True, *,
-                 rng=None, init_std: float | None = None, dtype="float32") -> None:
-        """Draws the full matrix exactly as ``Linear`` would (same rng, same result), keeps this rank's block."""
-        self._adopt(Linear(in_features, out_features, bias, rng=rng, init_std=init_std, dtype=dtype), tp)
-
-    @classmethod
-    def from_dense(cls, linear: Linear, tp: TPGroup):
-        """This rank's block of an existing ``Linear`` (weights copied, the dense arrays not kept)."""
-        layer = cls.__new__(cls)
-        layer._adopt(linear, tp)
-        return layer
-
-    def _adopt(self, linear: Linear, tp: TPGroup) -> None:
-        Module.__init__(self)
-        self.in_features, self.out_features, self.tp = linear.in_features, linear.out_features, tp
-        name = "out_features" if self.shard_axis == 1 else "in_features"
-        lo, hi = tp.block(getattr(linear, name), f"{type(self).__name__} {name}")
-        w = linear.weight.data
-        self.weight = Parameter((w[:, lo:hi] if self.shard_axis == 1 else w[lo:hi]).copy())
-        b = linear.bias
-        self.bias = None if b is None else Parameter((b.data[lo:hi] if self.bias_sharded else b.data).copy())
-
-    def local(self, x):
-        """This rank's own matmul on an input that is already where it must be."""
-        y = x @ self.weight
-        return y + self.bias if self.bias is not None else y
-
-    def extra_repr(self) -> str:
-        return (f"{self.in_features}, {self.out_features}, tp={self.tp.size}, block={tuple(self.weight.shape)}, "
-                f"bias={self.bias is not None}")
-
-
-def column_parallel(x, layers: list, tp: TPGroup) -> list:
-    """Apply column-parallel layers that share one input: ``f`` once (or, with sequence parallelism,
-    one all-gather of the sequence shards), then each rank's own matmuls. Returns their outputs."""
-    for layer in layers:
-        _check_group(layer, tp)
-        if x.shape[-1] != layer.in_features:
-            raise ValueError(f"{type(layer).__name__}: input has last dimension {x.shape[-1]}, expected "
-                             f"in_features={layer.in_features} (input shape {tuple(x.shape)})")
-    if not tp.sequence_parallel:
-        x = CopyToTensorParallel.apply(x, tp)
-        return [layer.local(x) for layer in layers]
-    if x.ndim != 3:
-        raise ValueError(f"sequence parallel: expected (batch, sequence shard, features), got shape {tuple(x.shape)}")
-    wb = [t for layer in layers for t in (layer.weight, layer.bias)]
-    y = _GatheredColumns.apply(x, tp, *wb)
-    outs, start = [], 0
-    for layer in layers:
-        n = layer.weight.shape[1]
-        outs.append(y[..., start:start + n])
-        start += n
-    return outs
-
-
-class ColumnParallelLinear(_ParallelLinear):
-    """``Y_i = X W[:, block i] + b[block i]``: each rank computes its block of output features.
-
-    The output stays split (the next layer is usually row-parallel); ``gather_output=True``
-    concatenates the blocks so every rank has all of Y.
-    """
-
-    shard_axis = 1
-
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup, bias: bool = True, *,
-                 gather_output: bool = False, **kw) -> None:
-        super().__init__(in_features, out_features, tp, bias, **kw)
-        self.gather_output = gather_output
-
-    def _adopt(self, linear: Linear, tp: TPGroup) -> None:
-        super()._adopt(linear, tp)
-        self.gather_output = getattr(self, "gather_output", False)
-
-    def forward(self, x):
-        (y,) = column_parallel(x, [self], self.tp)
-        return GatherFromTensorParallel.apply(y, self.tp) if self.gather_output else y
-
-
-class RowParallelLinear(_ParallelLinear):
-    """``Y = sum_i X_i W[block i, :] + b``: each rank holds a block of input features and makes a
-    partial sum; the bias is added once, after the reduction (adding it on every rank would count
-    it ``t`` times). ``input_is_parallel=False`` first keeps this rank's block of a replicated input."""
-
-    shard_axis = 0
-    bias_sharded = False
-
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup, bias: bool = True, *,
-                 input_is_parallel: bool = True, **kw) -> None:
-        super().__init__(in_features, out_features, tp, bias, **kw)
-        self.input_is_parallel = input_is_parallel
-
-    def _adopt(self, linear: Linear, tp: TPGroup) -> None:
-        super()._adopt(linear, tp)
-        self.input_is_parallel = getattr(self, "input_is_parallel", True)
-
-    def forward(self, x):
-        _check_group(self, self.tp)
-        if not self.input_is_parallel:
-            x = ScatterToTensorParallel.apply(x, self.tp)
-        if x.shape[-1] != self.weight.shape[0]:
-            raise ValueError(f"RowParallelLinear: input has last dimension {x.shape[-1]}, expected this rank's "
-                             f"block of in_features={self.in_features} over tp={self.tp.size}: "
-                             f"{self.weight.shape[0]} (input shape {tuple(x.shape)})")
-        y = _RowParallelMatmul.apply(x, self.weight, self.tp)
-        if self.bias is None:
-            return y
-        from minidist.parallel.sequence_parallel import replicated
-
-        return y + replicated(self.bias, self.tp)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist.autograd import functional as F
 from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.gpt import GPT, Block, TiedHead
 from minidist.nn.layers import Linear
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module
 from minidist.nn.moe import MoE
+from minidist.parallel.parallel_linear import ColumnParallelLinear, RowParallelLinear, _ParallelLinear, column_parallel
 from minidist.parallel.sequence_parallel import (
     SequenceParallelDropout,
     SequenceParallelPositions,
@@ -30,13 +32,7 @@ from minidist.parallel.sequence_parallel import (
     replicated_scope,
     sequence_parallel_norm,
 )
-from minidist.parallel.tensor_parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    TPGroup,
-    _ParallelLinear,
-    column_parallel,
-)
+from minidist.parallel.tensor_parallel import TPGroup
 from minidist.parallel.vocab_parallel import (
     TiedVocabParallelHead,
     VocabParallelEmbedding,
@@ -91,8 +87,6 @@ class TensorParallelMLP(Module):
             self.w_down = RowParallelLinear.from_dense(mlp.w_down, tp)
 
     def forward(self, x):
-        from minidist.autograd import functional as F
-
         if self.kind == "gelu":
             (h,) = column_parallel(x, [self.fc1], self.tp)
             return self.fc2(F.gelu(h, approximate="tanh"))

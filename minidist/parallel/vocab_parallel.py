@@ -18,18 +18,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist import dist
 from minidist.autograd import Function
 from minidist.autograd import functional as F
 from minidist.collectives import offered
 from minidist.nn.layers import Embedding
 from minidist.nn.module import Module, Parameter
+from minidist.parallel.parallel_linear import _GatheredColumns
 from minidist.parallel.tensor_parallel import (
     CopyToTensorParallel,
     ReduceFromTensorParallel,
     ReduceScatterToSequenceParallel,
     TPGroup,
     _all_reduce,
-    _GatheredColumns,
 )
 
 
@@ -86,8 +87,6 @@ class TiedVocabParallelHead(Module):
 class _VocabParallelCrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, targets, tp):
-        from minidist import dist
-
         x = logits.data.reshape(-1, logits.shape[-1])
         t = np.asarray(targets).reshape(-1)
         n, v = x.shape
