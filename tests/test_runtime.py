@@ -15,8 +15,11 @@ from minidist.hardware.cluster import Cluster
 from minidist.runtime import RankError, launch
 
 
-def _shm_entries():
-    return sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
+def _shm_entries(pid: int | None = None):
+    """The shared-memory segments of process ``pid`` (default: this one; launch names them minidist_<pid>_...):
+    other processes on the machine may use /dev/shm as they like."""
+    mine = f"minidist_{os.getpid() if pid is None else pid}_"
+    return sorted(e for e in os.listdir("/dev/shm") if e.startswith(mine)) if os.path.isdir("/dev/shm") else []
 
 
 def _children():
@@ -222,7 +225,6 @@ if __name__ == "__main__":
 def test_keyboard_interrupt_tears_everything_down(tmp_path, method):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    before = _shm_entries()
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid"), method],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
@@ -236,7 +238,7 @@ def test_keyboard_interrupt_tears_everything_down(tmp_path, method):
     time.sleep(0.2)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
-    assert _shm_entries() == before
+    assert _shm_entries(proc.pid) == []  # the launching script's segments are gone
 
 
 def test_cluster_too_small_is_rejected():

@@ -11,6 +11,8 @@ gradient is the gradient of the global mean loss whatever the split.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -129,8 +131,16 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     if not isinstance(pc, ParallelConfig):
         raise TypeError(f"parallel.train: parallel must be a ParallelConfig (or an md.estimate Layout/Estimate), "
                         f"got {type(pc).__name__}")
-    if steps < 1:
-        raise ValueError(f"parallel.train: steps must be >= 1, got {steps}")
+    for name, value in (("steps", steps), ("global_batch", global_batch), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < (0 if name == "seed" else 1):
+            raise ValueError(f"parallel.train: {name} must be an int >= {0 if name == 'seed' else 1}, got {value!r}")
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"parallel.train: optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps), ("momentum", momentum)):
+        if not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"parallel.train: {name} must be a finite number >= 0, got {value!r}")
+    if len(betas) != 2 or not all(isinstance(b, numbers.Real) and 0 <= b < 1 for b in betas):
+        raise ValueError(f"parallel.train: betas must be two numbers in [0, 1), got {betas!r}")
     cfg = replace(model_config, dtype=dtype)
     check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)

@@ -12,6 +12,8 @@ shared-memory segment survives the call (nor a KeyboardInterrupt).
 from __future__ import annotations
 
 import io
+import math
+import numbers
 import os
 import signal
 import sys
@@ -196,8 +198,17 @@ def launch(
     """
     if context.in_rank():
         raise RuntimeError("md.launch cannot be called from inside a rank")
-    if not isinstance(world_size, int) or world_size < 1:
+    if not callable(fn):
+        raise TypeError(f"launch: fn must be a function to run on every rank, got {type(fn).__name__} {fn!r:.60}")
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
+    world_size = int(world_size)  # np.int64(2) is a fine world size
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
+    timeout = float(timeout)
+    if start_method not in (None, "fork", "spawn", "forkserver"):
+        raise ValueError(f"launch: start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}")
     if start_method is None:
         start_method = "fork" if sys.platform.startswith("linux") else "spawn"
     mp = multiprocess.get_context(start_method)

@@ -1,0 +1,53 @@
+"""Bad arguments are refused at the call, naming the argument, before any rank starts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.parallel import ParallelConfig
+
+CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+
+
+def _rank():
+    return md.dist.get_rank()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"timeout": math.nan}, "timeout must be a positive number"),
+    ({"timeout": "5"}, "timeout must be a positive number"),
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"timeout": math.inf}, "timeout must be a positive number"),
+    ({"start_method": "thread"}, "start_method"),
+])
+def test_launch_refuses_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        md.launch(_rank, 2, **kwargs)
+
+
+def test_launch_world_size_and_fn():
+    with pytest.raises(ValueError, match="world_size must be a positive int"):
+        md.launch(_rank, True)
+    with pytest.raises(ValueError, match="world_size must be a positive int"):
+        md.launch(_rank, 2.0)
+    assert list(md.launch(_rank, np.int64(2))) == [0, 1]
+    with pytest.raises(TypeError, match="fn must be a function"):
+        md.launch("not a function", 2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"steps": 1.5}, "steps must be an int"),
+    ({"steps": 0}, "steps must be an int"),
+    ({"global_batch": True}, "global_batch must be an int"),
+    ({"optimizer": "adam"}, "optimizer must be 'adamw' or 'sgd'"),
+    ({"lr": math.nan}, "lr must be a finite number"),
+    ({"weight_decay": -0.1}, "weight_decay must be a finite number"),
+    ({"betas": (0.9, 1.0)}, "betas must be two numbers"),
+])
+def test_train_refuses_bad_arguments_up_front(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        md.parallel.train(CFG, ParallelConfig(), **kwargs)
