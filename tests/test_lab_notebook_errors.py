@@ -130,3 +130,13 @@ def test_the_blamed_exercise_is_the_one_that_would_define_the_missing_name(monke
     assert notebook.blocking_exercise(KeyError(7)) == "`bucketed_time`"  # the latest failure
     monkeypatch.setattr(notebook, "_unfinished", {})
     assert notebook.blocking_exercise(KeyError(7)) is None
+
+
+def test_a_stuck_cell_is_interrupted_and_the_run_goes_on(tmp_path):
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[v4.new_code_cell("import time\ntime.sleep(60)"), v4.new_code_cell("print('after')")])
+    path = tmp_path / "stuck.ipynb"
+    nbformat.write(nb, path)
+    ran = run_notebook(path, timeout=3)
+    assert displayed(ran)[0] is not None and "KeyboardInterrupt" in displayed(ran)[0]
+    assert ran.cells[1].outputs[0]["text"] == "after\n"

@@ -244,3 +244,14 @@ def test_keyboard_interrupt_tears_everything_down(tmp_path, method):
 def test_cluster_too_small_is_rejected():
     with pytest.raises(ValueError, match="does not fit"):
         launch(lambda: 0, 3, cluster=Cluster.dgx_h100(nodes=1).__class__("H100-80GB-SXM", 1, nodes=2))
+
+
+def test_a_rank_stuck_before_it_starts_is_reported_not_waited_for(monkeypatch, no_leaks):
+    """A forked rank that never reaches the user's function (say, a lock another thread of the parent held at
+    the fork) used to make launch wait forever; now it answers within the timeout, naming the rank."""
+    launch_module = sys.modules["minidist.runtime.launch"]  # the package's `launch` name is the function
+    monkeypatch.setattr(launch_module, "_limit_blas_threads", lambda: time.sleep(30))
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match="did not start within 1 s"):
+        launch(_identity, 2, args=(0,), timeout=1.0, start_method="fork")
+    assert time.monotonic() - t0 < 8

@@ -245,10 +245,12 @@ def launch(
                     else:
                         os.environ[k] = v
         sentinels = {p.sentinel: r for r, p in enumerate(procs)}
-        ready, failed_at = 0, None
+        ready, failed_at = set(), None
+        # A rank that never reports ready is stuck before running anything (e.g. a lock held by another
+        # thread of the parent when it forked): no communication timeout would ever fire for it.
+        start_deadline = time.monotonic() + timeout
 
         def handle(conn) -> None:
-            nonlocal ready
             r = readers[conn]
             try:
                 msg = dill.loads(conn.recv_bytes())
@@ -256,8 +258,8 @@ def launch(
                 del readers[conn]
                 return
             if msg[0] == "ready":
-                ready += 1
-                if ready == world_size and not fork:
+                ready.add(r)
+                if len(ready) == world_size and not fork:
                     shm.unlink(name)  # every rank has it mapped now
             elif msg[0] == "ok":
                 _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
@@ -270,6 +272,22 @@ def launch(
             wait_s = None if failed_at is None else max(0.0, failed_at + GRACE - time.monotonic())
             if failed_at is not None and wait_s == 0.0:
                 break
+            if len(ready) < world_size and failed_at is None:
+                left = start_deadline - time.monotonic()
+                if left <= 0:
+                    for r in range(world_size):
+                        if r not in ready and r not in errors:
+                            errors[r] = ("StartTimeout", f"rank {r} did not start within {timeout:g} s (stuck "
+                                         f"before running fn; under the fork start method a lock another thread "
+                                         f"of this process held at the fork can do that: retry, or use "
+                                         f"start_method='spawn')", "", None)
+                            order.append(r)
+                    board.abort("a rank did not start")
+                    for b in bells:
+                        b.release()
+                    failed_at = time.monotonic()
+                    continue
+                wait_s = left
             objs = mp_wait(list(readers) + list(sentinels), timeout=wait_s)
             for o in objs:
                 if o in readers:
