@@ -181,3 +181,16 @@ def test_each_stage_holds_only_its_layers_on_the_ledger():
     assert sum(per_rank) == pytest.approx(8 * sum(p.size for p in res.params.values()))  # float64: 8 bytes each
     block = 8 * sum(p.size for n, p in res.params.items() if n.startswith("blocks.0."))
     assert all(b >= 2 * block for b in per_rank) and max(per_rank) < 0.5 * sum(per_rank)
+
+
+def test_recomputing_stages_book_what_they_rebuild():
+    """With recomputation a stage holds segment inputs per micro-batch in flight, plus one rebuilt segment
+    while its backward runs: less than without, more than the inputs alone, and the rebuilt part is on the ledger."""
+    cfg = md.GPTConfig(vocab_size=48, seq_len=16, d_model=32, n_layers=8, n_heads=4)
+    peak = {}
+    for rc in (None, 2, "full"):
+        res = train(cfg, ParallelConfig(pp=2, microbatches=4, recompute=rc), steps=1, global_batch=8)
+        peak[rc] = res.memory[0]["activations"]
+        rebuilt = [n for what, n in res.activations if what == "rebuilt"]
+        assert bool(rebuilt) == (rc is not None), rc
+    assert peak[None] > peak[2] > peak["full"] > 0

@@ -37,7 +37,7 @@ from minidist.autograd import functional as F
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, GPTConfig
-from minidist.parallel.memory import graph_bytes
+from minidist.parallel.memory import ActivationLedger, graph_bytes
 from minidist.parallel.recompute import run_checkpointed
 from minidist.parallel.schedules import Action, Schedule
 from minidist.parallel.split_backward import WeightGradStore
@@ -144,9 +144,10 @@ class Chunk:
     micro-batch in flight, and rebuilds one segment at a time in the backward.
     """
 
-    def __init__(self, model, lo: int, hi: int, first: bool, last: bool, recompute_every: int | None = None) -> None:
+    def __init__(self, model, lo: int, hi: int, first: bool, last: bool, recompute_every: int | None = None,
+                 acts: ActivationLedger | None = None) -> None:
         self.model, self.lo, self.hi, self.first, self.last = model, lo, hi, first, last
-        self.every = recompute_every
+        self.every, self.acts = recompute_every, acts
 
     def prefixes(self) -> list[str]:
         names = [f"blocks.{i}." for i in range(self.lo, self.hi)]
@@ -165,7 +166,7 @@ class Chunk:
         else:
             for lo in range(self.lo, self.hi, self.every):
                 blocks = [m.blocks[i] for i in range(lo, min(lo + self.every, self.hi))]
-                x = run_checkpointed(lambda h, blocks=blocks: _through(blocks, h), x, None)
+                x = run_checkpointed(lambda h, blocks=blocks: _through(blocks, h), x, self.acts)
         if self.last:
             B, T = targets.shape
             logits = m.lm_head(m.ln_f(x))
@@ -203,8 +204,10 @@ class PipelineExecutor:
         self.model, self.ranks, self.stage, self.p = model, list(ranks), stage, p
         self.v = len(layout) // p
         self.nvs = len(layout)
+        # the segments a recomputing chunk rebuilds in the backward are booked while they live
+        self.acts = ActivationLedger(ledger) if ledger is not None else None
         self.chunks = [Chunk(model, *layout[c * p + stage], first=c * p + stage == 0,
-                             last=c * p + stage == self.nvs - 1, recompute_every=recompute_every)
+                             last=c * p + stage == self.nvs - 1, recompute_every=recompute_every, acts=self.acts)
                        for c in range(self.v)]
         self.unit_costs, self.ledger = unit_costs, ledger
         tp = getattr(model, "tp", None)  # a tensor-parallel GPT: with sequence parallelism stages pass T/t shards
