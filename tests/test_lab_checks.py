@@ -140,9 +140,10 @@ def test_noise_scale_check():
 
 # --- lab 06: ring and tree ------------------------------------------------------------------------
 
-def _ring(x, ag_offset=1, blocking=False, rs_into=1, ag_adds=False):
+def _ring(x, ag_offset=1, blocking=False, rs_into=1, ag_adds=False, halves=False):
     """A ring all-reduce, right by default; each argument plants one mistake: the all-gather's chunk offset,
-    blocking steps, the reduce-scatter adding into chunk (r - k - rs_into), the all-gather adding what it gets."""
+    blocking steps, the reduce-scatter adding into chunk (r - k - rs_into), the all-gather adding what it gets,
+    every chunk sent in two halves."""
     import numpy as np
 
     r, p = md.dist.get_rank(), md.dist.get_world_size()
@@ -158,9 +159,12 @@ def _ring(x, ag_offset=1, blocking=False, rs_into=1, ag_adds=False):
                 md.dist.recv(recv_into, left)
                 md.dist.send(send_chunk, right)
         else:
-            w = md.dist.isend(send_chunk, right)
-            md.dist.recv(recv_into, left)
-            w.wait()
+            parts = zip(np.array_split(send_chunk, 2), np.array_split(recv_into, 2)) if halves else \
+                [(send_chunk, recv_into)]
+            for a, b in parts:
+                w = md.dist.isend(a, right)
+                md.dist.recv(b, left)
+                w.wait()
 
     for k in range(p - 1):
         buf = np.empty_like(chunks[(r - k - 1) % p])
@@ -232,24 +236,7 @@ def _ring_not_in_place(x):
 
 def _ring_half_chunks(x):
     """Correct, but every chunk goes in two messages: twice the ring's latency."""
-    import numpy as np
-
-    r, p = md.dist.get_rank(), md.dist.get_world_size()
-    chunks = np.array_split(x, p)
-    right, left = (r + 1) % p, (r - 1) % p
-
-    def step(send_chunk, recv_into):
-        for a, b in zip(np.array_split(send_chunk, 2), np.array_split(recv_into, 2)):
-            w = md.dist.isend(a, right)
-            md.dist.recv(b, left)
-            w.wait()
-
-    for k in range(p - 1):
-        buf = np.empty_like(chunks[(r - k - 1) % p])
-        step(chunks[(r - k) % p], buf)
-        chunks[(r - k - 1) % p] += buf
-    for k in range(p - 1):
-        step(chunks[(r - k + 1) % p], chunks[(r - k) % p])
+    _ring(x, halves=True)
 
 
 def _ring_message(fn) -> str:
