@@ -122,9 +122,10 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
     if pc.pp > 1:
         executor = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout,
                                     ledger=ledger, recompute_every=pc.recompute_every)
-        if pc.recompute == "selective":  # 5. (without a pipeline the runner wraps, with its own ledger)
-            for block in model.blocks:
-                block.attn.core = selective_core(block.attn.core, executor.acts)
+    acts = executor.acts if executor is not None else ActivationLedger(ledger)
+    if pc.recompute == "selective":  # 5. (segments are checkpointed by the runner or the pipeline's chunks)
+        for block in model.blocks:
+            block.attn.core = selective_core(block.attn.core, acts)
     named = executor.named if executor is not None else list(model.named_parameters())
     reducer = _data_parallel(model, named, mesh, pc)  # 6.
     host = None
@@ -139,9 +140,8 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         host.setup(reducer.pieces())
     batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
     if executor is not None:
-        return Parallelized(model, reducer, PipelineEngine(executor, schedule, reducer), batch, host, executor.acts,
+        return Parallelized(model, reducer, PipelineEngine(executor, schedule, reducer), batch, host, acts,
                             tp_axes, {"layout": layout, "stage": mesh.get_local_rank("pp")})
-    acts = ActivationLedger(ledger)
     runner = Runner(model, pc, acts, reducer if pc.shards_params else None)
     return Parallelized(model, reducer, MicroBatches(runner, reducer), batch, host, acts, tp_axes)
 

@@ -16,7 +16,7 @@ from minidist.autograd import functional as F
 from minidist.nn.moe import MoE
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.memory import ActivationLedger, graph_bytes
-from minidist.parallel.recompute import run_checkpointed, segments, selective_core
+from minidist.parallel.recompute import run_checkpointed, segments
 
 
 class Hooks:
@@ -40,9 +40,6 @@ class Runner:
         self.hooks = hooks or Hooks()
         self.every = config.recompute_every
         self.segments = segments(len(model.blocks), self.every)
-        if config.recompute == "selective":
-            for block in model.blocks:  # wrap the installed core, whichever parallelism put it there
-                block.attn.core = selective_core(block.attn.core, acts)
 
     def _unit(self, key: str, fn, *args):
         self.hooks.pre_forward(key)
