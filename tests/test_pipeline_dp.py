@@ -20,3 +20,14 @@ def test_pipeline_with_data_parallel_matches_single_device(schedule, v, m, pp):
         for e in links:
             src, dst = (int(r) for r in e.name.split("->"))
             assert src // 2 == dst // 2 or src % 2 == dst % 2  # same stage (dp peers) or same replica (pp)
+
+
+@pytest.mark.parametrize("sharding", [{"zero_stage": 3}, {"fsdp": True}], ids=["zero3", "fsdp"])
+@pytest.mark.parametrize("schedule, v", SCHEDULES, ids=[s for s, _ in SCHEDULES])
+def test_pipeline_with_sharded_parameters_matches_single_device(schedule, v, sharding):
+    """Each stage's units are gathered around their use inside the schedule's actions; under a zero-bubble
+    schedule a unit's weights go once its input gradient exists and its gradient is reduced at the flush."""
+    cfg = config_for(2, v)
+    res = train(cfg, ParallelConfig(pp=2, dp=2, microbatches=4, schedule=schedule, virtual_stages=v, **sharding),
+                steps=STEPS, global_batch=BATCH)
+    assert_same(res, single_device(cfg))

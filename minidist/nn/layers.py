@@ -16,12 +16,23 @@ from minidist.autograd import functional as F
 from minidist.nn.module import Module, Parameter, as_rng
 
 
+def affine(x, weight, bias):
+    """``x @ weight + bias`` (``bias`` may be None): the product every Linear computes."""
+    y = x @ weight
+    return y + bias if bias is not None else y
+
+
 class Linear(Module):
     """``y = x @ weight + bias`` with ``weight`` of shape (in_features, out_features).
 
     Default init is PyTorch's: uniform in +-1/sqrt(in_features) for weight and bias. With
     ``init_std`` the weight is normal(0, init_std) and the bias zero (GPT-2's scheme).
+
+    ``affine`` is a seam: the product goes through it, so a strategy can install a version with another
+    backward (a zero-bubble pipeline's, which defers the weight gradient) without rewriting the module.
     """
+
+    affine = staticmethod(affine)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  rng: np.random.Generator | int | None = None, init_std: float | None = None,
@@ -46,8 +57,7 @@ class Linear(Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Linear: input has last dimension {x.shape[-1]}, expected in_features="
                              f"{self.in_features} (input shape {tuple(x.shape)})")
-        y = x @ self.weight
-        return y + self.bias if self.bias is not None else y
+        return self.affine(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"

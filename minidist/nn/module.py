@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from minidist.autograd import Tensor
+from minidist.autograd.tensor import RemovableHandle
 
 
 def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
@@ -63,7 +64,35 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        hooks = self.__dict__.get("_forward_hooks")
+        if not hooks:
+            return self.forward(*args, **kwargs)
+        for fn in list(hooks["pre"]):
+            changed = fn(self, args)
+            if changed is not None:
+                args = changed if isinstance(changed, tuple) else (changed,)
+        out = self.forward(*args, **kwargs)
+        for fn in list(hooks["post"]):
+            changed = fn(self, args, out)
+            out = out if changed is None else changed
+        return out
+
+    def register_forward_pre_hook(self, fn) -> RemovableHandle:
+        """Call ``fn(module, args)`` before each forward; a non-None result replaces the positional args
+        (torch's rule). Strategies use it to change what a module sees without touching its code."""
+        return self._add_hook("pre", fn)
+
+    def register_forward_hook(self, fn) -> RemovableHandle:
+        """Call ``fn(module, args, output)`` after each forward; a non-None result replaces the output."""
+        return self._add_hook("post", fn)
+
+    def _add_hook(self, kind: str, fn) -> RemovableHandle:
+        if not callable(fn):
+            raise TypeError(f"{type(self).__name__}: a forward hook must be callable, got {type(fn).__name__}")
+        if "_forward_hooks" not in self.__dict__:
+            object.__setattr__(self, "_forward_hooks", {"pre": [], "post": []})
+        self._forward_hooks[kind].append(fn)
+        return RemovableHandle(self._forward_hooks[kind], fn)
 
     # ---- traversal -------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:

@@ -10,8 +10,9 @@ parallelism (``cp``, with ``cp_method`` "ring" or "ulysses" and ``cp_layout`` "z
 ``md.parallel.build_mesh`` turns it into a device mesh and ``md.parallel.parallelize`` applies it.
 
 ``recompute``: ``None`` keeps every activation; ``"full"`` keeps only each layer's input (a
-checkpoint per layer); an int ``k`` keeps one input per segment of ``k`` layers, so a backward holds
-(L/k + k) layers of activations (chapter 21); ``"selective"`` drops only the attention scores.
+checkpoint per layer; with ``recompute_layers=n`` only for the first n layers of each stage); an int
+``k`` keeps one input per segment of ``k`` layers, so a backward holds (L/k + k) layers of
+activations (chapter 21); ``"selective"`` drops only the attention scores.
 ``offload``: ``None``, ``"optimizer"`` (optimizer state and its update live on the host tier,
 ZeRO-Offload) or ``"optimizer+params"`` (the weights too, streamed to the device per layer).
 
@@ -19,17 +20,21 @@ ZeRO-Offload) or ``"optimizer+params"`` (the weights too, streamed to the device
 chooses for the others, as NCCL_ALGO does: ``"tree"`` changes the gradient all-reduce, not the
 setup broadcast. An algorithm no collective offers is refused here.
 
-Every layout ``train`` accepts reproduces one device (``tests/test_compose.py``). It refuses, with a
-ValueError before any rank starts:
+Every layout ``train`` accepts reproduces one device (``tests/test_compose.py``: every combination of
+dp, tp, pp, cp, ep in {1, 2} with every data-parallel flavour and recomputation mode). What it refuses,
+with a ValueError before any rank starts, it refuses for a reason of meaning, never because two
+strategies were not built to meet (``refusals.py`` holds every check):
 
-* for a reason of meaning: a mixture-of-experts model with ``microbatches > 1`` (expert capacity and
-  the load-balancing loss are statistics of the whole batch; per micro-batch they define another
-  objective); capacity dropping with ``cp > 1``; ``dropout > 0`` (masks would differ by layout);
-  Ulysses when a rank's ``n_heads / tp`` query heads do not divide over ``cp``; MoE with sequence
-  parallelism (a sequence shard would route only its own tokens);
-* because the composition is not built yet (``tests/data/compose_refused.txt`` lists them): pipeline
-  parallelism with ZeRO-3, FSDP, offloading, ep or MoE; cp with sequence parallelism; MoE with
-  ZeRO-3 or FSDP. (With tp, an MoE layer stays whole on every tp rank; ep splits the experts.)
+* a mixture-of-experts model with ``microbatches > 1``: expert capacity and the load-balancing loss
+  are statistics of the whole batch, and per micro-batch they define another objective (so an MoE
+  pipeline runs one micro-batch);
+* capacity dropping (``capacity_factor``) with ``cp > 1``: which tokens are dropped would depend on
+  how the positions are dealt out;
+* MoE with sequence parallelism: a sequence shard would route only its own tokens;
+* ``dropout > 0``: the random masks would differ from one layout to another;
+* shapes that do not split: heads, hidden sizes or vocabulary over ``tp``, the sequence over ``cp``
+  (and over ``tp`` with sequence parallelism), Ulysses' ``n_heads / tp`` query heads over ``cp``,
+  experts over ``ep``, layers over ``pp x virtual_stages``, the batch over the ranks and micro-batches.
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ class ParallelConfig:
     sequence_parallel: bool = False  # with tp: norms/dropout on sequence shards, AG/RS instead of all-reduce
     cp_method: str = "ring"  # context parallelism: "ring" attention or "ulysses" all-to-all
     cp_layout: str = "zigzag"  # how positions are dealt to cp ranks: "zigzag" (balanced causal work) or "contiguous"
+    # with recompute="full": only the first n layers of each stage (model chunk) are recomputed, Megatron's
+    # --recompute-method block --recompute-num-layers n; None: all of them
+    recompute_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "microbatches"):
@@ -85,6 +93,10 @@ class ParallelConfig:
         if not ok:
             raise ValueError(f"ParallelConfig: recompute must be None, 'full', 'selective' or an int k >= 1 "
                              f"(a checkpoint every k layers), got {r!r}")
+        n = self.recompute_layers
+        if n is not None and (r != "full" or isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"ParallelConfig: recompute_layers must be None or an int >= 1 with recompute='full' "
+                             f"(the first n layers of each stage are recomputed), got {n!r} with recompute={r!r}")
         if self.offload not in OFFLOAD:
             raise ValueError(f"ParallelConfig: offload must be one of {OFFLOAD}, got {self.offload!r}")
         if self.offload == "optimizer+params" and not (self.zero_stage == 3 or self.fsdp):
@@ -123,13 +135,11 @@ class ParallelConfig:
                                 f"got {type(plan).__name__} without {name!r}")
         if layout.dp % layout.ep:
             raise ValueError(f"ParallelConfig.from_layout: ep={layout.ep} must divide dp={layout.dp}")
-        if getattr(layout, "recompute_layers", None) is not None:
-            raise ValueError("ParallelConfig.from_layout: recomputing only some layers of a stage "
-                             f"(recompute_layers={layout.recompute_layers}) has no trainer equivalent yet")
         fields = dict(dp=layout.dp // layout.ep, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
                       zero_stage=layout.zero_stage, recompute=layout.recompute,
                       microbatches=getattr(plan, "microbatches", 1), schedule=layout.schedule,
-                      virtual_stages=layout.virtual, sequence_parallel=bool(layout.sp) and layout.tp > 1)
+                      virtual_stages=layout.virtual, sequence_parallel=bool(layout.sp) and layout.tp > 1,
+                      recompute_layers=getattr(layout, "recompute_layers", None))
         fields.update(overrides)
         return cls(**fields)
 

@@ -330,13 +330,12 @@ def context_parallelize(model, cp: CPGroup, method: str = "ring"):
         raise ValueError(f"context_parallelize: method must be one of {METHODS}, got {method!r}")
     for block in model.blocks:
         block.attn.core = attention_core(cp, method)
-    wpe, lookup = model.wpe, type(model.wpe).forward
 
-    def local_positions(ids):  # the model asks for rows 0..t-1 of its local sequence
-        ids = np.asarray(ids)
-        return lookup(wpe, cp.positions(ids.size * cp.size)[ids])
+    def local_positions(_wpe, args):  # the model asks for rows 0..t-1 of its local sequence
+        ids = np.asarray(args[0])
+        return (cp.positions(ids.size * cp.size)[ids],)
 
-    object.__setattr__(wpe, "forward", local_positions)
+    model.wpe.register_forward_pre_hook(local_positions)
     object.__setattr__(model, "cp_group", cp)
     return model
 

@@ -27,10 +27,13 @@ from minidist.parallel.flat import FlatUnit
 from minidist.parallel.runner import Hooks
 
 
-def make_buckets(named_params: list, bucket_bytes: float) -> list[list]:
-    """``(name, param)`` pairs in reverse order, cut into consecutive groups of about ``bucket_bytes``."""
-    buckets, cur, size = [], [], 0
-    for name, p in reversed(named_params):
+def make_buckets(named_params: list, bucket_bytes: float, alone: tuple[str, ...] = ()) -> list[list]:
+    """``(name, param)`` pairs in reverse order, cut into consecutive groups of about ``bucket_bytes``.
+
+    Parameters named in ``alone`` get a bucket each, first: a weight two pipeline stages share (tied
+    embeddings) then has the same shard layout on both, so its reduced gradient can be summed across them."""
+    buckets, cur, size = [[(n, p)] for n, p in named_params if n in alone], [], 0
+    for name, p in reversed([(n, p) for n, p in named_params if n not in alone]):
         cur.append((name, p))
         size += p.data.nbytes
         if size >= bucket_bytes:

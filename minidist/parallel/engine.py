@@ -14,6 +14,9 @@ from contextlib import nullcontext
 
 import numpy as np
 
+from minidist import dist
+from minidist.collectives import offered
+
 
 class MicroBatches:
     """Gradient accumulation through a :class:`~minidist.parallel.runner.Runner`."""
@@ -35,13 +38,22 @@ class MicroBatches:
 
 
 class PipelineEngine:
-    """A pipeline schedule over this rank's stage (:class:`~minidist.parallel.pipeline.PipelineExecutor`)."""
+    """A pipeline schedule over this rank's stage (:class:`~minidist.parallel.pipeline.PipelineExecutor`).
 
-    def __init__(self, executor, schedule, reducer) -> None:
+    ``ends``: with tied embeddings, the group of this pipeline's first and last stage, which both hold
+    the embedding matrix: the loss depends on it through both uses, so after each stage has reduced
+    its gradient over its data-parallel group, the two are summed (one piece, laid out alike on both).
+    """
+
+    def __init__(self, executor, schedule, reducer, ends=None, algorithm: str | None = None) -> None:
         self.executor, self.schedule, self.reducer = executor, schedule, reducer
+        self.ends, self.algorithm = ends, algorithm
 
     def run(self, xs: list[np.ndarray], ys: list[np.ndarray], weights: list[float]) -> float:
         with self.reducer.no_sync():
             loss = self.executor.run(self.schedule, xs, ys, weights)
         self.reducer.finish()
+        if self.ends is not None:
+            grad = self.reducer.pieces()[self.reducer.piece_names().index(["wte.weight"])][1]
+            dist.all_reduce(grad, group=self.ends, algorithm=offered("all_reduce", self.algorithm))
         return loss

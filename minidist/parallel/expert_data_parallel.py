@@ -39,7 +39,7 @@ class ExpertDataParallel:
     accumulates_locally = True
 
     def __init__(self, named: list, bucket_bytes: float, dense_group, expert_group, algorithm: str | None,
-                 zero_stage: int = 0) -> None:
+                 zero_stage: int = 0, alone: tuple[str, ...] = ()) -> None:
         dense = [(n, p) for n, p in named if not is_expert_param(n)]
         experts = [(n, p) for n, p in named if is_expert_param(n)]
         me = dist.get_rank()
@@ -48,7 +48,7 @@ class ExpertDataParallel:
             args = (params, bucket_bytes, group, group.size(), group.group_rank(me), algorithm)
             return ZeroOptimizer(zero_stage, *args, **kw) if zero_stage else DataParallel(*args, **kw)
 
-        self.parts = [reducer(dense, dense_group)]
+        self.parts = [reducer(dense, dense_group, buckets=make_buckets(dense, bucket_bytes, alone))]
         if experts:
             self.parts.append(reducer(experts, expert_group, buckets=expert_buckets(experts, bucket_bytes),
                                       name="expert_bucket"))
@@ -70,10 +70,13 @@ class ExpertDataParallel:
     def pieces(self) -> list:
         return [piece for part in self.parts for piece in part.pieces()]
 
+    def piece_names(self) -> list[list[str]]:
+        return [piece for part in self.parts for piece in part.piece_names()]
+
     def skipped(self, model) -> frozenset[int]:
         """Indices into :meth:`pieces` of the experts no token reached: no gradient, so no update."""
         idle = idle_expert_params(model)
-        names = [piece for part in self.parts for piece in part.piece_names()]
+        names = self.piece_names()
         return frozenset(i for i, piece in enumerate(names) if all(n in idle for n in piece))
 
     def after_step(self, model) -> None:

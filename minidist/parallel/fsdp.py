@@ -24,45 +24,81 @@ using weights that were not gathered shows at once.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from minidist import dist
 from minidist.collectives import offered
+from minidist.nn.moe import idle_expert_params
+from minidist.parallel.expert_parallel import is_expert_param
 from minidist.parallel.flat import FlatUnit, describe
 from minidist.parallel.runner import Hooks
 
 
-def plan_units(model, fsdp: bool) -> tuple[list[tuple[str, list]], dict[str, int]]:
-    """[(unit name, [(param name, param)])] in forward order, and runner key -> unit index."""
-    if model.config.tie_embeddings:
-        raise ValueError("parallel.train: tie_embeddings=True is not supported with zero_stage=3 or fsdp "
-                         "(the tied matrix would belong to two units)")
-    named = list(model.named_parameters())
-    blocks = [(f"block.{i}", [(n, p) for n, p in named if n.startswith(f"blocks.{i}.")])
-              for i in range(len(model.blocks))]
-    embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe."))]
-    head = [(n, p) for n, p in named if not n.startswith(("wte.", "wpe.", "blocks."))]
+def plan_units(named: list, fsdp: bool, tied: bool = False) -> tuple[list[tuple[str, list]], dict[str, list[int]]]:
+    """[(unit name, [(param name, param)])] in forward order, and runner key -> the units it uses.
+
+    ``named`` may be part of a model (a pipeline stage's parameters): blocks, embeddings and head are
+    units only where they are present. A tied embedding matrix is one weight used by the first and the
+    last unit, so with ``tied`` it is a unit of its own kept from the forward until its gradients are
+    done, as FSDP's root is (on a pipeline's last stage it is a copy, named ``tied.head``). Each expert
+    of a block is a unit of its own (named ``block.i.expert.e``): it is sharded over its own replicas,
+    and an expert no token reached is a whole unit the optimizer leaves alone.
+    """
+    def block(n: str) -> int:
+        return int(n.split(".")[1])
+
+    indices = sorted({block(n) for n, _ in named if n.startswith("blocks.")})
+    blocks = []
+    for i in indices:
+        params = [(n, p) for n, p in named if n.startswith("blocks.") and block(n) == i]
+        experts: dict[str, list] = {}
+        for n, p in params:
+            if is_expert_param(n):
+                experts.setdefault(n.split(".experts.")[1].split(".")[0], []).append((n, p))
+        blocks.append([(f"block.{i}", [(n, p) for n, p in params if not is_expert_param(n)])]
+                      + [(f"block.{i}.expert.{e}", ps) for e, ps in experts.items()])
+    shared = [(n, p) for n, p in named if tied and n == "wte.weight"]
+    embed = [(n, p) for n, p in named if n.startswith(("wte.", "wpe.")) and not (shared and n == "wte.weight")]
+    head = [(n, p) for n, p in named if not n.startswith(("wte.", "wpe.", "blocks.")) and n != "wte.weight"]
+    # the tied matrix is a unit of its own, the same on the first and the last pipeline stage
+    ends = [("tied" if embed else "tied.head", shared)] if shared else []
     if fsdp:
-        units = [("root", embed + head)] + blocks
-        keys = {"embed": 0, "head": 0}
+        ends += [("root", embed + head)] if embed or head else []
+        units = ends + [u for b in blocks for u in b]
+        keys = {k: list(range(len(ends))) for k, part in (("embed", embed), ("head", head)) if part}
     else:
-        units = [("embed", embed)] + blocks + [("head", head)]
-        keys = {"embed": 0, "head": len(units) - 1}
-    keys.update({name: i for i, (name, _) in enumerate(units) if name.startswith("block.")})
+        units = ends + ([("embed", embed)] if embed else []) + [u for b in blocks for u in b] + \
+            ([("head", head)] if head else [])
+        keys = {k: [i] + ([0] if shared else []) for k, i, part in
+                (("embed", len(ends), embed), ("head", len(units) - 1, head)) if part}
+    for ui, (name, _) in enumerate(units):
+        if name.startswith("block."):
+            keys.setdefault(".".join(name.split(".")[:2]), []).append(ui)
     return units, keys
 
 
 class ShardedModel(Hooks):
-    """Parameters kept as flat 1/p shards per unit, gathered around each use (ZeRO-3 / FSDP)."""
+    """Parameters kept as flat 1/p shards per unit, gathered around each use (ZeRO-3 / FSDP).
+
+    ``group``: the ranks holding copies of the dense weights; ``expert_group``: those holding copies of
+    this rank's experts (expert parallelism keeps different experts on different ranks)."""
 
     accumulates_locally = False
 
-    def __init__(self, model, group, dp: int, dp_rank: int, fsdp: bool = False, prefetch: int = 1,
-                 algorithm: str | None = None) -> None:
-        self.group, self.dp, self.algorithm, self.prefetch, self.fsdp = group, dp, algorithm, prefetch, fsdp
-        plan, self.keys = plan_units(model, fsdp)
-        self.order = ["embed"] + [f"block.{i}" for i in range(len(model.blocks))] + ["head"]  # forward order
-        self.units = [FlatUnit(name, params, dp, dp_rank) for name, params in plan]
+    def __init__(self, named: list, group, fsdp: bool = False, prefetch: int = 1, algorithm: str | None = None,
+                 tied: bool = False, expert_group=None) -> None:
+        """``named``: the ``(name, parameter)`` pairs this rank trains (a pipeline stage's, or the model's)."""
+        self.algorithm, self.prefetch = algorithm, prefetch
+        plan, self.keys = plan_units(named, fsdp, tied)
+        self.kept = {"root", "tied", "tied.head"} if fsdp else {"tied", "tied.head"}
+        blocks = sorted((k for k in self.keys if k.startswith("block.")), key=lambda k: int(k.split(".")[1]))
+        self.order = [k for k in ["embed", *blocks, "head"] if k in self.keys]  # forward order
+        me = dist.get_rank()
+        self.groups = [expert_group if ".expert." in name else group for name, _ in plan]
+        self.units = [FlatUnit(name, params, g.size(), g.group_rank(me))
+                      for (name, params), g in zip(plan, self.groups)]
         self.full: list[np.ndarray | None] = [u.flatten([p.data for p in u.params]) for u in self.units]
         self.shards = [u.shard(f).copy() for u, f in zip(self.units, self.full)]
         for ui, u in enumerate(self.units):
@@ -73,20 +109,24 @@ class ShardedModel(Hooks):
         self.gathered = [True] * len(self.units)
         self._gathers: dict[int, object] = {}
         self._reductions: list[tuple] = []
-        self._pending = [len(u.params) for u in self.units]
+        dense = [ui for ui, (name, _) in enumerate(plan) if ".expert." not in name]
+        self._pending = {ui: len(self.units[ui].params) for ui in dense}
+        # an expert's gradient exists only where tokens reached it: its unit is reduced, in a fixed order,
+        # right after the dense unit of its block, whose last gradient comes after the experts' (layer norm)
+        self._with = {ui: [uj for uj in self.keys.get(plan[ui][0], []) if ".expert." in plan[uj][0]] for ui in dense}
         self.host = None  # offload.HostParams when the weight shards live on the host
+        self.split_backward = False  # zero-bubble pipelines: weight gradients arrive in later W passes
         self.ledger = None
-        for ui, u in enumerate(self.units):
-            for p in u.params:
+        for ui in dense:
+            for p in self.units[ui].params:
                 p.register_post_accumulate_grad_hook(lambda _p, ui=ui: self._grad_ready(ui))
 
     def setup(self, ledger, state_bytes: dict) -> None:
         """Rank 0's initial weights reach every rank (each keeps its slice); book the sharded state."""
         self.ledger = ledger
-        for ui, (u, f) in enumerate(zip(self.units, self.full)):
-            if self.dp > 1:
-                dist.broadcast(f, self.group.global_rank(0), group=self.group,
-                               algorithm=offered("broadcast", self.algorithm))
+        for ui, (u, f, g) in enumerate(zip(self.units, self.full, self.groups)):
+            if u.world > 1:
+                dist.broadcast(f, g.global_rank(0), group=g, algorithm=offered("broadcast", self.algorithm))
                 self.shards[ui][...] = u.shard(f)
             self._drop(ui)
             self.gathered[ui] = False
@@ -117,10 +157,10 @@ class ShardedModel(Hooks):
         self.full[ui] = u.empty()
         self._point(ui)
         shard = self.shards[ui] if self.host is None else self.host.fetch(ui)
-        if self.dp == 1:
+        if u.world == 1:
             self.full[ui][...] = shard
         else:
-            self._gathers[ui] = dist.all_gather_into_tensor(self.full[ui], shard, group=self.group, async_op=True,
+            self._gathers[ui] = dist.all_gather_into_tensor(self.full[ui], shard, group=self.groups[ui], async_op=True,
                                                             algorithm=offered("all_gather", self.algorithm))
         self.gathered[ui] = True
 
@@ -145,37 +185,58 @@ class ShardedModel(Hooks):
         pos = self.order.index(key)
         for j in range(pos + step, pos + step * (self.prefetch + 1), step):
             if 0 <= j < len(self.order):
-                self._gather(self.keys[self.order[j]])
+                for ui in self.keys[self.order[j]]:
+                    self._gather(ui)
 
     def _keeps(self, ui: int) -> bool:
-        """FSDP's root unit stays gathered between its forward and its backward."""
-        return self.fsdp and self.units[ui].name == "root"
+        """FSDP's root unit (or the unit of tied embeddings) stays gathered between its forward and backward."""
+        return self.units[ui].name in self.kept
 
     # -- the runner's hooks ----------------------------------------------------------------
+    @contextmanager
+    def no_sync(self):
+        yield  # each unit's gradient is reduce-scattered as it completes: nothing accumulates in full
+
     def pre_forward(self, key: str) -> None:
-        ui = self.keys[key]
-        self._ensure(ui)
+        for ui in self.keys[key]:
+            self._ensure(ui)
         if self.phase == "forward":
             self._prefetch(key, +1)
 
     def post_forward(self, key: str, out) -> None:
-        ui = self.keys[key]
-        if self.phase == "forward" and not self._keeps(ui):
-            self._release(ui)
+        for ui in self.keys[key]:
+            if self.phase == "forward" and not self._keeps(ui):
+                self._release(ui)
         if out.requires_grad:
             out.register_hook(lambda _g, key=key: self._pre_backward(key))
 
     def _pre_backward(self, key: str) -> None:
-        self._ensure(self.keys[key])
+        for ui in self.keys[key]:
+            self._ensure(ui)
         self._prefetch(key, -1)
 
+    def post_backward(self, key: str) -> None:
+        """Split backward: a unit's weights are free once its input gradient exists (W needs none)."""
+        for ui in self.keys[key]:
+            if self.split_backward and not self._keeps(ui):
+                self._release(ui)
+
     def _grad_ready(self, ui: int) -> None:
+        if self.split_backward:
+            # I and W passes of different micro-batches interleave, so no count tells when a unit's
+            # gradient of one micro-batch is complete: it accumulates whole and is reduced at finish()
+            return
         self._pending[ui] -= 1
         if self._pending[ui]:
             return
         self._pending[ui] = len(self.units[ui].params)
+        for uj in [ui, *self._with[ui]]:
+            self._reduce(uj)
+
+    def _reduce(self, ui: int) -> None:
+        """Start reduce-scattering unit ``ui``'s gradient into its shard; its weights are no longer needed."""
         u = self.units[ui]
-        flat = u.flatten([p.grad for p in u.params])
+        flat = u.flatten([np.zeros(p.data.shape, u.dtype) if p.grad is None else p.grad for p in u.params])
         for p in u.params:
             p.grad = None
         self._release(ui)  # the unit's backward is over: nothing reads its weights until the next step
@@ -183,10 +244,10 @@ class ShardedModel(Hooks):
         self.ledger.alloc("buffers", flat.nbytes)
         out = np.empty(u.shard_size, u.dtype)
         work = None
-        if self.dp == 1:
+        if u.world == 1:
             out[...] = flat
         else:
-            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True,
+            work = dist.reduce_scatter_tensor(out, flat, group=self.groups[ui], async_op=True,
                                               algorithm=offered("reduce_scatter", self.algorithm))
         self._reductions.append((work, out, ui, flat.nbytes))
 
@@ -201,6 +262,9 @@ class ShardedModel(Hooks):
 
     def finish(self) -> None:
         """After a micro-batch's backward: wait for the reductions, add them into the gradient shards."""
+        if self.split_backward:
+            for ui in range(len(self.units)):  # the same order on every rank of a group
+                self._reduce(ui)
         self._drain()
         for ui in range(len(self.units)):
             self._release(ui)
@@ -208,6 +272,14 @@ class ShardedModel(Hooks):
     # -- optimizer -------------------------------------------------------------------------
     def pieces(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return list(zip(self.shards, self.grad_shards))
+
+    def piece_names(self) -> list[list[str]]:
+        return [list(u.names) for u in self.units]
+
+    def skipped(self, model) -> frozenset[int]:
+        """Indices into :meth:`pieces` of the experts no token reached: no gradient, so no update."""
+        idle = idle_expert_params(model)
+        return frozenset(ui for ui, u in enumerate(self.units) if idle and all(n in idle for n in u.names))
 
     def after_step(self, model) -> None:
         for g in self.grad_shards:

@@ -20,6 +20,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.parallel.config import ParallelConfig
+from minidist.runtime.groups import ProcessGroup
 from minidist.runtime.mesh import DeviceMesh
 
 AXES = ("pp", "dp", "ep", "cp", "tp")
@@ -43,3 +44,12 @@ def build_mesh(config: ParallelConfig, rank: int | None = None) -> DeviceMesh:
     if not 0 <= rank < world:
         raise ValueError(f"build_mesh: rank {rank} is outside the {world} ranks of {dict(zip(AXES, shape))}")
     return DeviceMesh(np.arange(world).reshape(shape), AXES, rank)
+
+
+def pipeline_ends(mesh: DeviceMesh) -> ProcessGroup | None:
+    """The first and the last stage of this rank's pipeline (both hold tied embeddings), if this rank
+    is one of them and pp > 1; else None."""
+    ranks = mesh.get_group("pp").ranks
+    if len(ranks) < 2 or mesh.rank not in (ranks[0], ranks[-1]):
+        return None
+    return ProcessGroup([ranks[0], ranks[-1]])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.autograd import Function, cost
-from minidist.nn.layers import Linear
+from minidist.nn.layers import Linear, affine
 from minidist.nn.module import Module, Parameter
 from minidist.parallel.sequence_parallel import replicated
 from minidist.parallel.split_backward import weight_grads
@@ -125,6 +125,7 @@ def _check_group(layer: Module, tp: TPGroup) -> None:
 class _ParallelLinear(Module):
     shard_axis = 1  # the axis of the (in, out) weight that is split across ranks
     bias_sharded = True
+    affine = staticmethod(affine)  # Linear's seam for the local product (see split_backward)
 
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, bias: bool = True, *,
                  rng=None, init_std: float | None = None, dtype="float32") -> None:
@@ -150,8 +151,7 @@ class _ParallelLinear(Module):
 
     def local(self, x):
         """This rank's own matmul on an input that is already where it must be."""
-        y = x @ self.weight
-        return y + self.bias if self.bias is not None else y
+        return self.affine(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, tp={self.tp.size}, block={tuple(self.weight.shape)}, "

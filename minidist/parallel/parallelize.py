@@ -28,14 +28,14 @@ import numpy as np
 from minidist import dist
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.context_parallel import CPGroup, context_parallelize
-from minidist.parallel.data_parallel import DataParallel
+from minidist.parallel.data_parallel import DataParallel, make_buckets
 from minidist.parallel.engine import MicroBatches, PipelineEngine
 from minidist.parallel.expert_data_parallel import ExpertDataParallel
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
 from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.fsdp import ShardedModel
 from minidist.parallel.memory import ActivationLedger
-from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD
+from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD, pipeline_ends
 from minidist.parallel.offload import HostOptimizer, HostParams, HostTier
 from minidist.parallel.pipeline import PipelineExecutor, stage_layout
 from minidist.parallel.recompute import selective_core
@@ -121,13 +121,16 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
                                              pc.algorithm))
     if pc.pp > 1:
         executor = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout,
-                                    ledger=ledger, recompute_every=pc.recompute_every)
+                                    ledger=ledger, recompute_every=pc.recompute_every,
+                                    recompute_layers=pc.recompute_layers)
     acts = executor.acts if executor is not None else ActivationLedger(ledger)
     if pc.recompute == "selective":  # 5. (segments are checkpointed by the runner or the pipeline's chunks)
         for block in model.blocks:
             block.attn.core = selective_core(block.attn.core, acts)
     named = executor.named if executor is not None else list(model.named_parameters())
     reducer = _data_parallel(model, named, mesh, pc)  # 6.
+    if executor is not None and pc.shards_params:
+        executor.use_hooks(reducer, schedule)
     host = None
     if pc.offload:  # 7.
         clock = current("md.parallel.parallelize").clock
@@ -140,8 +143,10 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         host.setup(reducer.pieces())
     batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
     if executor is not None:
-        return Parallelized(model, reducer, PipelineEngine(executor, schedule, reducer), batch, host, acts,
-                            tp_axes, {"layout": layout, "stage": mesh.get_local_rank("pp")})
+        ends = pipeline_ends(mesh) if model.config.tie_embeddings else None
+        engine = PipelineEngine(executor, schedule, reducer, ends, pc.algorithm)
+        return Parallelized(model, reducer, engine, batch, host, acts, tp_axes,
+                            {"layout": layout, "stage": mesh.get_local_rank("pp")})
     runner = Runner(model, pc, acts, reducer if pc.shards_params else None)
     return Parallelized(model, reducer, MicroBatches(runner, reducer), batch, host, acts, tp_axes)
 
@@ -150,11 +155,15 @@ def _data_parallel(model, named: list, mesh: DeviceMesh, pc: ParallelConfig):
     """The data-parallel flavour of ``pc`` over the gradient groups of ``mesh``."""
     group = mesh.get_group(DENSE_GRAD)
     size, index = group.size(), group.group_rank(mesh.rank)
+    alone = ("wte.weight",) if model.config.tie_embeddings and pc.pp > 1 else ()  # summed across two stages
+    if pc.shards_params:
+        experts = mesh.get_group(EXPERT_GRAD) if model.config.n_experts else None
+        return ShardedModel(named, group, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm,
+                            tied=model.config.tie_embeddings, expert_group=experts)
     if model.config.n_experts:
         return ExpertDataParallel(named, pc.bucket_bytes, group, mesh.get_group(EXPERT_GRAD), pc.algorithm,
-                                  pc.zero_stage)
-    if pc.shards_params:
-        return ShardedModel(model, group, size, index, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm)
+                                  pc.zero_stage, alone)
     if pc.zero_stage in (1, 2):
-        return ZeroOptimizer(pc.zero_stage, named, pc.bucket_bytes, group, size, index, pc.algorithm)
+        return ZeroOptimizer(pc.zero_stage, named, pc.bucket_bytes, group, size, index, pc.algorithm,
+                             buckets=make_buckets(named, pc.bucket_bytes, alone))
     return DataParallel(named, pc.bucket_bytes, group, size, index, pc.algorithm)

@@ -34,11 +34,14 @@ from minidist import dist
 from minidist.autograd import Tensor, no_grad
 from minidist.autograd import cost as _cost
 from minidist.autograd import functional as F
+from minidist.autograd.engine import run_backward
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, GPTConfig
+from minidist.nn.moe import MoE
 from minidist.parallel.memory import ActivationLedger, graph_bytes
-from minidist.parallel.recompute import run_checkpointed
+from minidist.parallel.recompute import run_checkpointed, segments
+from minidist.parallel.runner import Hooks
 from minidist.parallel.schedules import Action, Schedule
 from minidist.parallel.split_backward import WeightGradStore
 from minidist.runtime import launch
@@ -141,13 +144,16 @@ class Chunk:
 
     ``recompute_every`` k (None: keep every activation) runs the blocks in checkpointed segments of k,
     as ``md.parallel.train`` does without a pipeline: a stage then holds only its segment inputs per
-    micro-batch in flight, and rebuilds one segment at a time in the backward.
+    micro-batch in flight, and rebuilds one segment at a time in the backward. ``recompute_layers`` n
+    (with k = 1) checkpoints only the chunk's first n blocks.
     """
 
     def __init__(self, model, lo: int, hi: int, first: bool, last: bool, recompute_every: int | None = None,
-                 acts: ActivationLedger | None = None) -> None:
+                 acts: ActivationLedger | None = None, hooks: Hooks | None = None,
+                 recompute_layers: int | None = None) -> None:
         self.model, self.lo, self.hi, self.first, self.last = model, lo, hi, first, last
-        self.every, self.acts = recompute_every, acts
+        self.segments, self.acts = segments(lo, hi, recompute_every, recompute_layers), acts
+        self.hooks = hooks or Hooks()  # ZeRO-3/FSDP gather a unit's weights around its use
 
     def prefixes(self) -> list[str]:
         names = [f"blocks.{i}." for i in range(self.lo, self.hi)]
@@ -156,29 +162,36 @@ class Chunk:
         return names
 
     def forward(self, x, targets=None):
-        m = self.model
+        """``(output, router)``: the activation sent on (the mean cross-entropy on the last chunk) and the
+        sum of this chunk's router losses (None without MoE layers). Each stage backpropagates its own
+        router losses: the model's loss is a sum, and each term's gradient starts where it is computed."""
+        m, hooks, router = self.model, self.hooks, []
         if self.first:
             T = x.shape[1]
-            x = m.drop(m.wte(x) + m.wpe(np.arange(T)))
-        if self.every is None:
-            for i in range(self.lo, self.hi):
-                x = m.blocks[i](x)
-        else:
-            for lo in range(self.lo, self.hi, self.every):
-                blocks = [m.blocks[i] for i in range(lo, min(lo + self.every, self.hi))]
-                x = run_checkpointed(lambda h, blocks=blocks: _through(blocks, h), x, self.acts)
+            x = hooks.unit("embed", lambda: m.drop(m.wte(x) + m.wpe(np.arange(T))))
+        for lo, hi, checkpointed in self.segments:
+            def run(h, lo=lo, hi=hi):
+                return self._through(lo, hi, h)
+            out = run_checkpointed(run, x, self.acts) if checkpointed else run(x)
+            x, router = (out[0], router + list(out[1:])) if isinstance(out, tuple) else (out, router)
+        router = sum(router[1:], router[0]) if router else None
         if self.last:
             B, T = targets.shape
-            logits = m.lm_head(m.ln_f(x))
-            loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: the vocabulary-parallel loss
-            return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
-        return x
 
+            def head(h):
+                logits = m.lm_head(m.ln_f(h))
+                loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: the vocabulary-parallel loss
+                return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
+            return hooks.unit("head", head, x), router
+        return x, router
 
-def _through(blocks, x):
-    for block in blocks:
-        x = block(x)
-    return x
+    def _through(self, lo: int, hi: int, x):
+        """Blocks ``lo..hi-1``: ``x``, or ``(x, *router losses)`` when they hold MoE layers (outputs, so that
+        a checkpointed segment keeps their gradient)."""
+        moes = [mod for i in range(lo, hi) for mod in self.model.blocks[i].modules() if isinstance(mod, MoE)]
+        for i in range(lo, hi):
+            x = self.hooks.unit(f"block.{i}", self.model.blocks[i], x)
+        return (x, *(mod.aux_loss for mod in moes)) if moes else x
 
 
 class PipelineExecutor:
@@ -191,13 +204,11 @@ class PipelineExecutor:
     """
 
     def __init__(self, model, ranks: Sequence[int], stage: int, layout: Sequence[tuple[int, int]],
-                 unit_costs: dict | None = None, ledger=None, recompute_every: int | None = None) -> None:
+                 unit_costs: dict | None = None, ledger=None, recompute_every: int | None = None,
+                 hooks: Hooks | None = None, recompute_layers: int | None = None) -> None:
         p = len(ranks)
         if len(layout) % p:
             raise ValueError(f"PipelineExecutor: {len(layout)} virtual stages do not divide among {p} ranks")
-        if model.config.tie_embeddings and p > 1:
-            raise ValueError("PipelineExecutor: tie_embeddings=True puts one matrix on the first and the last "
-                             "stage; untie it for pipeline parallelism")
         if model.config.dropout:
             raise ValueError(f"PipelineExecutor: dropout must be 0 (masks would differ from the single device), "
                              f"got {model.config.dropout}")
@@ -206,8 +217,10 @@ class PipelineExecutor:
         self.nvs = len(layout)
         # the segments a recomputing chunk rebuilds in the backward are booked while they live
         self.acts = ActivationLedger(ledger) if ledger is not None else None
+        self.hooks = hooks or Hooks()
         self.chunks = [Chunk(model, *layout[c * p + stage], first=c * p + stage == 0,
-                             last=c * p + stage == self.nvs - 1, recompute_every=recompute_every, acts=self.acts)
+                             last=c * p + stage == self.nvs - 1, recompute_every=recompute_every, acts=self.acts,
+                             hooks=self.hooks, recompute_layers=recompute_layers)
                        for c in range(self.v)]
         self.unit_costs, self.ledger = unit_costs, ledger
         tp = getattr(model, "tp", None)  # a tensor-parallel GPT: with sequence parallelism stages pass T/t shards
@@ -216,9 +229,20 @@ class PipelineExecutor:
         self._wrapped = False
         prefixes = [pre for ch in self.chunks for pre in ch.prefixes()]
         self.named = [(n, p_) for n, p_ in model.named_parameters() if any(n.startswith(pre) for pre in prefixes)]
+        if model.config.tie_embeddings and any(ch.last for ch in self.chunks) and "wte." not in prefixes:
+            # the last stage's head reads the embedding matrix: it keeps a copy, whose gradient the
+            # engine sums with the first stage's (Megatron's embedding group)
+            self.named.append(("wte.weight", model.wte.weight))
 
     def parameters(self) -> list:
         return [p for _, p in self.named]
+
+    def use_hooks(self, hooks: Hooks, schedule: Schedule) -> None:
+        """Let ``hooks`` (ZeRO-3/FSDP) see every unit of this stage start and end, with the action's phase."""
+        self.hooks = hooks
+        hooks.split_backward = any(a.op == "I" for acts in schedule.actions for a in acts)
+        for ch in self.chunks:
+            ch.hooks = hooks
 
     def _split(self) -> None:
         """Give this stage's Linears (dense or column-parallel) a splittable backward, on the first I action."""
@@ -250,7 +274,7 @@ class PipelineExecutor:
                              f"{len(targets)} targets, {len(weights)} weights")
         clock = current("PipelineExecutor.run").clock
         d, dtype = self.model.config.d_model, np.dtype(self.model.config.dtype)
-        inputs, outputs, recv, tokens, sends = {}, {}, {}, {}, []
+        inputs, outputs, recv, tokens, sends, routers = {}, {}, {}, {}, [], {}
         losses = 0.0
         for a in schedule.actions[self.stage]:
             key = (a.mb, a.chunk)
@@ -273,8 +297,10 @@ class PipelineExecutor:
                 sends.append(dist.isend(inputs[key].grad, prev_r, tag=self._tag(1, a.mb, vs)))
             else:
                 start = clock.now()
+                self.hooks.phase = "forward" if a.op == "F" else "backward"
                 with self._charged(a, clock):
-                    losses += self._compute(a, ch, vs, key, idx, targets, weights, inputs, outputs, recv, tokens)
+                    losses += self._compute(a, ch, vs, key, idx, targets, weights, inputs, outputs, recv, tokens,
+                                            routers)
                 clock.recorder.record("pipeline", str(a), start, clock.now(), 0.0, 0.0)
         for w in sends:
             w.wait()
@@ -283,7 +309,8 @@ class PipelineExecutor:
                 self.ledger.free("activations", n)
         return losses
 
-    def _compute(self, a: Action, ch: Chunk, vs, key, idx, targets, weights, inputs, outputs, recv, tokens) -> float:
+    def _compute(self, a: Action, ch: Chunk, vs, key, idx, targets, weights, inputs, outputs, recv, tokens,
+                 routers) -> float:
         if a.op == "F":
             if ch.first:
                 x = idx[a.mb]
@@ -292,11 +319,14 @@ class PipelineExecutor:
             else:  # the previous virtual stage is on this rank (p = 1)
                 x = Tensor(outputs[(a.mb, a.chunk - 1)].data, requires_grad=True)
             inputs[key] = x
-            out = ch.forward(x, targets[a.mb] if ch.last else None)
+            out, router = ch.forward(x, targets[a.mb] if ch.last else None)
             loss = 0.0
             if ch.last:
                 loss = float(out.data) * weights[a.mb]
                 out = out * weights[a.mb]
+            if router is not None:
+                loss += float(router.data) * weights[a.mb]
+                routers[key] = router * weights[a.mb]
             outputs[key] = out
             if self.ledger is not None:
                 held = isinstance(x, Tensor)
@@ -312,12 +342,13 @@ class PipelineExecutor:
                 grad = recv.pop(("B",) + key)
             else:  # the next virtual stage is on this rank
                 grad = inputs[(a.mb, a.chunk + 1)].grad
+            roots, grads = ((out, routers.pop(key)), (grad, None)) if key in routers else ((out,), (grad,))
             if a.op == "I":
                 self._split()
                 with self.store.capture(key):
-                    out.backward(grad)
+                    run_backward(roots, grads)
             else:
-                out.backward(grad)
+                run_backward(roots, grads)
             if self.ledger is not None:
                 self.ledger.free("activations", tokens.pop(key))
                 if a.op == "I":

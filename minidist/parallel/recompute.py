@@ -21,10 +21,16 @@ from minidist.autograd import checkpoint, is_grad_enabled
 from minidist.parallel.memory import ActivationLedger, graph_bytes
 
 
-def segments(n_layers: int, every: int | None) -> list[tuple[int, int]]:
-    """Half-open layer ranges run as one unit: ``[(0, k), (k, 2k), ...]``; one per layer when ``every`` is None."""
-    k = 1 if every is None else every
-    return [(i, min(i + k, n_layers)) for i in range(0, n_layers, k)]
+def segments(lo: int, hi: int, every: int | None, first: int | None = None) -> list[tuple[int, int, bool]]:
+    """Blocks ``lo..hi-1`` as half-open ranges run as one unit, each with whether it is checkpointed:
+    ``[(lo, lo+k, True), ...]`` for segments of ``every`` = k layers; one unchecked range per layer when
+    ``every`` is None. ``first`` = n (with k = 1): only the first n layers are checkpointed (Megatron's
+    block method, which spends the memory a stage has left on keeping its last layers)."""
+    if every is None:
+        return [(i, i + 1, False) for i in range(lo, hi)]
+    if first is not None:
+        return [(i, i + 1, i < lo + first) for i in range(lo, hi)]
+    return [(i, min(i + every, hi), True) for i in range(lo, hi, every)]
 
 
 def run_checkpointed(fn, x, acts: ActivationLedger):

@@ -1,9 +1,9 @@
 """The layouts ``md.parallel.train`` refuses, each with its reason, checked before any rank starts.
 
-Two kinds of reason, and the messages say which: a layout that would compute something else than one
-device (a different objective, masks or dropped tokens that depend on the layout), and a composition
-that is not built yet. ``tests/test_compose.py`` keeps the second kind honest: every combination of the
-grid either equals one device or is refused here, and the recorded refusals may only shrink.
+Every reason is one of meaning: a layout that would compute something else than one device (another
+objective, masks or dropped tokens that depend on the layout), or a shape that does not split evenly.
+The list, in words, is in ``ParallelConfig``'s docstring; ``tests/test_compose.py`` shows that every
+other combination of the strategies trains exactly like one device.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ def check_layout(cfg, pc: ParallelConfig, global_batch: int) -> None:
     if cfg.dropout:
         raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
                          f"got {cfg.dropout}")
-    if cfg.tie_embeddings and pc.shards_params:
-        raise ValueError("parallel.train: tie_embeddings=True is not supported with zero_stage=3 or fsdp "
-                         "(the tied matrix would belong to two units)")
     if pc.tp > 1 or pc.sequence_parallel:
         check_divisible(cfg, pc.tp, pc.sequence_parallel)
     if pc.cp > 1 or pc.ep > 1 or cfg.n_experts:
@@ -49,16 +46,6 @@ def build_schedule(config, n_layers: int):
 
 
 def _pipeline(cfg, pc) -> None:
-    if pc.shards_params or pc.offload is not None or pc.ep > 1:
-        raise ValueError("parallel.train: pp > 1 composes with dp (DDP, ZeRO-1, ZeRO-2), tp (with or without "
-                         "sequence parallelism), cp and recompute for now; ZeRO-3, FSDP, offload and ep with "
-                         "pipelining are not implemented yet")
-    if cfg.tie_embeddings:
-        raise ValueError("parallel.train: tie_embeddings=True puts one matrix on the first and the last pipeline "
-                         "stage; untie it for pp > 1")
-    if getattr(cfg, "n_experts", 0):
-        raise ValueError("parallel.train: pp > 1 with a mixture-of-experts model is not implemented yet (the "
-                         "pipeline's last stage computes the plain cross-entropy, without the router's losses)")
     build_schedule(pc, cfg.n_layers)
 
 
@@ -72,12 +59,6 @@ def _tokens(cfg, pc) -> None:
         raise ValueError("parallel.train: mixture-of-experts models do not compose with sequence_parallel (a "
                          "sequence shard would route only its own tokens: other capacities and router losses); "
                          f"got ep={pc.ep}, n_experts={cfg.n_experts}")
-    if pc.cp > 1 and pc.sequence_parallel:
-        raise ValueError("parallel.train: cp with sequence_parallel is not built yet (both would cut the "
-                         "sequence and the positions); use tp without sequence_parallel with cp")
-    if (pc.ep > 1 or cfg.n_experts) and pc.pp > 1:
-        raise ValueError("parallel.train: ep and mixture-of-experts models do not compose with pp yet; "
-                         f"got ep={pc.ep}, n_experts={cfg.n_experts}, pp={pc.pp}")
     if pc.cp > 1:
         pieces = pc.cp * (2 if pc.cp_layout == "zigzag" else 1)
         if cfg.seq_len % pieces:
@@ -101,7 +82,3 @@ def _tokens(cfg, pc) -> None:
                          "the load-balancing loss are statistics of the whole batch, and accumulating micro-batches "
                          "would compute them per micro-batch, a different objective "
                          f"(got microbatches={pc.microbatches})")
-    if cfg.n_experts and pc.shards_params:
-        raise ValueError("parallel.train: mixture-of-experts models train with zero_stage 0, 1 or 2 for now "
-                         "(ZeRO-3 and FSDP, which gather a block's weights over one group, are not built for "
-                         f"experts that live on one ep rank); got zero_stage={pc.zero_stage}, fsdp={pc.fsdp}")

@@ -30,6 +30,19 @@ class Hooks:
     def post_forward(self, key: str, out) -> None:
         pass
 
+    def post_backward(self, key: str) -> None:
+        """The unit's input gradient is computed: its backward no longer reads the weights."""
+
+    def unit(self, key: str, fn, *args):
+        """``fn(*args)`` as unit ``key``: the strategy sees it start and end, forward and backward."""
+        self.pre_forward(key)
+        out = fn(*args)
+        self.post_forward(key, out)
+        listens = type(self).post_backward is not Hooks.post_backward
+        if listens and args and getattr(args[0], "requires_grad", False) and self.phase == "forward":
+            args[0].register_hook(lambda _g: self.post_backward(key))
+        return out
+
 
 class Runner:
     def __init__(self, model, config: ParallelConfig, acts: ActivationLedger, hooks: Hooks | None = None) -> None:
@@ -38,14 +51,7 @@ class Runner:
                              f"got {model.config.dropout}")
         self.model, self.acts = model, acts
         self.hooks = hooks or Hooks()
-        self.every = config.recompute_every
-        self.segments = segments(len(model.blocks), self.every)
-
-    def _unit(self, key: str, fn, *args):
-        self.hooks.pre_forward(key)
-        out = fn(*args)
-        self.hooks.post_forward(key, out)
-        return out
+        self.segments = segments(0, len(model.blocks), config.recompute_every, config.recompute_layers)
 
     def _blocks(self, lo: int, hi: int):
         """Blocks ``lo..hi-1`` as one function: ``x -> x``, or ``(x, *router losses)`` if they hold MoE layers.
@@ -57,7 +63,7 @@ class Runner:
 
         def run(x):
             for i in range(lo, hi):
-                x = self._unit(f"block.{i}", self.model.blocks[i], x)
+                x = self.hooks.unit(f"block.{i}", self.model.blocks[i], x)
             return (x, *(m.aux_loss for m in moes)) if moes else x
         return run
 
@@ -66,13 +72,13 @@ class Runner:
         m, acts = self.model, self.acts
         self.hooks.phase = "forward"
         B, T = idx.shape
-        x = self._unit("embed", lambda: m.drop(m.wte(idx) + m.wpe(np.arange(T))))
+        x = self.hooks.unit("embed", lambda: m.drop(m.wte(idx) + m.wpe(np.arange(T))))
         acts.hold(graph_bytes(x), "embed")  # embeddings' activations: held until the step ends
         router_losses = []
-        for lo, hi in self.segments:
+        for lo, hi, checkpointed in self.segments:
             run = self._blocks(lo, hi)
             inp = x
-            out = run(inp) if self.every is None else run_checkpointed(run, inp, acts)
+            out = run_checkpointed(run, inp, acts) if checkpointed else run(inp)
             x = out[0] if isinstance(out, tuple) else out
             router_losses += list(out[1:]) if isinstance(out, tuple) else []
             token = acts.hold(graph_bytes(x, exclude=[inp]), "segment")
@@ -83,7 +89,7 @@ class Runner:
             loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: vocabulary-parallel loss
             return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
 
-        loss = self._unit("head", head, x)
+        loss = self.hooks.unit("head", head, x)
         acts.hold(graph_bytes(loss, exclude=[x]), "head")
         if router_losses:  # GPT.forward's order: cross-entropy + (sum of the layers' router losses)
             loss = loss + sum(router_losses[1:], router_losses[0])

@@ -5,13 +5,14 @@ previous pipeline stage is waiting for) and ``dW = X^T dY``, ``db = sum dY`` (wh
 for until the optimizer step). Zero-bubble schedules run the first in an ``I`` pass and defer the
 second to a ``W`` pass that fills an otherwise idle slot.
 
-How it is done without changing the autograd's API: :meth:`WeightGradStore.wrap` gives each
-``Linear`` of a stage a forward built on ``autograd.Function``. Its backward returns ``dX`` to the
-engine as usual. Outside :meth:`WeightGradStore.capture` it also returns ``dW`` and ``db``, so a
-plain ``B`` pass is the ordinary backward (bitwise: the same numpy products as ``Linear``'s own
-graph). Inside ``capture(key)`` it returns no weight gradient and instead files a closure that
-holds ``X`` and ``dY``; :meth:`WeightGradStore.flush` runs the closures of ``key`` later, adds the
-products into ``.grad`` and fires the parameters' post-accumulate hooks as the engine would. Only the
+How it is done without changing the autograd's API: :meth:`WeightGradStore.wrap` installs, in each
+``Linear`` of a stage, an ``affine`` (the module's seam for its product) built on
+``autograd.Function``. Its backward returns ``dX`` to the engine as usual. Outside
+:meth:`WeightGradStore.capture` it also returns ``dW`` and ``db``, so a plain ``B`` pass is the
+ordinary backward (bitwise: the same numpy products as ``Linear``'s own graph). Inside
+``capture(key)`` it returns no weight gradient and instead files a closure that holds ``X`` and
+``dY``; :meth:`WeightGradStore.flush` runs the closures of ``key`` later, adds the products into
+``.grad`` and fires the parameters' post-accumulate hooks as the engine would. Only the
 Linear weights are deferred: norm scales and embeddings (O(d) or a row scatter per token) keep
 their gradient in the ``I`` pass.
 
@@ -110,11 +111,12 @@ class WeightGradStore:
                 local = getattr(sub, "splits_local_matmul", False)  # a column-parallel layer's own matmul
                 if (isinstance(sub, Linear) or local) and id(sub) not in self._wrapped:
                     self._wrapped.add(id(sub))
-                    self.wrap(sub, "local" if local else "forward")
+                    self.wrap(sub)
 
-    def wrap(self, linear, method: str = "forward") -> None:
-        """Route ``linear``'s ``method`` (``x -> x @ weight + bias``) through the splittable function; the
-        module is otherwise unchanged. A column-parallel layer's ``local`` matmul is wrapped the same way."""
+    def wrap(self, linear) -> None:
+        """Route ``linear``'s product (its ``affine`` seam, ``x @ weight + bias``) through the splittable
+        function; the module is otherwise unchanged. A column-parallel layer's ``local`` matmul uses the
+        same seam."""
 
         class SplitLinear(Function):
             @staticmethod
@@ -129,12 +131,14 @@ class WeightGradStore:
                     y = y + b.data
                     if _cost._hook is not None:
                         _cost.charge("add", y.size, 3 * y.nbytes, y.dtype)
-                ctx.save_for_backward(x2, wd, b)
+                # a sharded weight (ZeRO-3/FSDP) is gathered again before the backward, not kept
+                ctx.save_for_backward(x2, w if getattr(w, "regathered", False) else wd, b)
                 return y
 
             @staticmethod
             def backward(ctx, g):
                 x2, wd, b = ctx.saved_tensors
+                wd = wd.data if isinstance(wd, Tensor) else wd
                 k, n = wd.shape
                 g2 = g.data.reshape(-1, n)
                 rows = g2.shape[0]
@@ -154,11 +158,7 @@ class WeightGradStore:
                 gw, gb = weight_grads((linear.weight, linear.bias), compute, (x2, g2))
                 return gx, gw, gb
 
-        def forward(x):
-            k = linear.weight.shape[0]
-            if x.shape[-1] != k:
-                raise ValueError(f"{type(linear).__name__}: input has last dimension {x.shape[-1]}, expected "
-                                 f"in_features={k} (input shape {tuple(x.shape)})")
-            return SplitLinear.apply(x, linear.weight, linear.bias)
+        def split_affine(x, weight, bias):
+            return SplitLinear.apply(x, weight, bias)
 
-        object.__setattr__(linear, method, forward)
+        linear.affine = split_affine
