@@ -13,8 +13,10 @@ import pytest
 
 import minidist as md
 from minidist.parallel import ParallelConfig, train
-from minidist.parallel.pipeline import PipelineExecutor, stage_layout
-from minidist.parallel.schedules import bubble_fraction, make_schedule, simulate
+from minidist.parallel.pipeline import PipelineExecutor
+from minidist.parallel.pipeline_stages import stage_layout
+from minidist.parallel.schedule_walk import simulate
+from minidist.parallel.schedules import bubble_fraction, make_schedule
 from minidist.parallel.split_backward import WeightGradStore
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=8, n_heads=2)

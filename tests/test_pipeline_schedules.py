@@ -12,18 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidist as md
-from minidist.parallel.pipeline import partition, stage_layout
+from minidist.parallel.pipeline_stages import partition, stage_layout
+from minidist.parallel.schedule_walk import check_schedule, simulate
 from minidist.parallel.schedules import (
     Action,
     Schedule,
     ScheduleError,
     bubble_fraction,
-    check_schedule,
     gpipe,
     interleaved,
     make_schedule,
     one_f_one_b,
-    simulate,
     with_communication,
     zb_h1,
 )

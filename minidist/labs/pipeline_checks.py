@@ -51,13 +51,12 @@ def _book_warmup(comp: list, p: int, m: int) -> str | None:
 
 def check_1f1b_actions(actions: Callable) -> None:
     """``actions(p, m)`` -> one list per stage of "F<i>" / "B<i>" strings in the order the stage runs them."""
+    from minidist.parallel.schedule_walk import check_schedule, simulate
     from minidist.parallel.schedules import (
         Action,
         Schedule,
         ScheduleError,
         bubble_fraction,
-        check_schedule,
-        simulate,
         with_communication,
     )
 

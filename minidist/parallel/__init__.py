@@ -42,8 +42,10 @@ from minidist.parallel.vocab_parallel import VocabParallelEmbedding, vocab_paral
 
 # isort: split
 from minidist.parallel import pipeline, schedules
-from minidist.parallel.pipeline import PipelineExecutor, measure_schedule, partition
-from minidist.parallel.schedules import Schedule, ScheduleError, check_schedule, make_schedule, simulate
+from minidist.parallel.pipeline import PipelineExecutor, measure_schedule
+from minidist.parallel.pipeline_stages import partition
+from minidist.parallel.schedule_walk import check_schedule, simulate
+from minidist.parallel.schedules import Schedule, ScheduleError, make_schedule
 
 # isort: split
 from minidist.parallel.context_parallel import CPGroup, context_parallelize, ring_attention, ulysses_attention

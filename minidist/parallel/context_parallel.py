@@ -12,10 +12,7 @@ two ways to provide them, both exact:
   ``max(block compute, block transfer)``; K and V pass through every rank once, so each rank
   sends ``2 (cp-1)/cp b s h_kv`` elements per layer forward. The backward rotates K/V again and
   sends each block's gradient accumulator along with it, home after a full turn.
-* **Ulysses** (DeepSpeed) re-partitions instead: an all-to-all turns "all heads, my positions"
-  into "my heads, all positions", each rank runs ordinary attention on ``H/cp`` heads, and a
-  second all-to-all turns the output back. Four all-to-alls per layer (q, k, v, out), each moving
-  (cp-1)/cp of a local shard: ``4 (cp-1) b s h / cp^2`` elements per rank.
+* **Ulysses** (DeepSpeed) re-partitions heads and positions instead (``ulysses.py``).
 
 Causal masking makes some (query block, key block) pairs entirely masked; they are skipped, not
 computed. With the sequence cut into ``cp`` contiguous chunks rank ``r`` then works on ``r + 1``
@@ -26,16 +23,12 @@ late, and every rank computes the same number of block pairs at every step.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from minidist import dist
 from minidist.autograd import Function
-from minidist.autograd import functional as F
-from minidist.collectives import offered
-from minidist.nn.attention import repeat_kv
 from minidist.parallel.online_softmax import (
     _group,
     block_grads,
@@ -44,6 +37,7 @@ from minidist.parallel.online_softmax import (
     finalize,
     merge,
 )
+from minidist.parallel.ulysses import check_attention_args, ulysses_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 METHODS = ("ring", "ulysses")
@@ -213,15 +207,6 @@ def _rotate_recv(cp: CPGroup, arr: np.ndarray, tag: int):
     return dist.irecv(arr, cp._peer(-1), tag=tag)
 
 
-def _check(q, k, v, cp: CPGroup, op: str) -> float:
-    if not isinstance(cp, CPGroup):
-        raise TypeError(f"{op}: cp must be a CPGroup, got {type(cp).__name__}")
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"{op}: q {q.shape}, k {k.shape}, v {v.shape} must be (B, H, T_local, d) and "
-                         f"(B, G, T_local, d) with the same local sequence length")
-    return 1.0 / math.sqrt(q.shape[-1])
-
-
 def ring_attention(q, k, v, cp: CPGroup, is_causal: bool = True, scale: float | None = None):
     """Attention of this rank's queries over the whole sequence (ring attention).
 
@@ -229,82 +214,9 @@ def ring_attention(q, k, v, cp: CPGroup, is_causal: bool = True, scale: float | 
     every head; G may be smaller than H (grouped-query attention: the smaller K/V is what travels).
     Returns this rank's rows of ``softmax(q k^T scale + causal mask) v``.
     """
-    default = _check(q, k, v, cp, "ring_attention")
+    default = check_attention_args(q, k, v, cp, "ring_attention")
     sc = default if scale is None else float(scale)
     return RingAttention.apply(q, k, v, cp, bool(is_causal), sc)
-
-
-# -- Ulysses -------------------------------------------------------------------------------
-def _seq_to_heads(x: np.ndarray, cp: CPGroup) -> np.ndarray:
-    """(B, H, T/p, d) -> (B, H/p, T, d): my head block at every position, sequence in group-rank order."""
-    B, H, t, d = x.shape
-    p = cp.size
-    inp = np.ascontiguousarray(x.reshape(B, p, H // p, t, d).swapaxes(0, 1))  # block j goes to rank j
-    out = np.empty_like(inp)
-    dist.all_to_all_single(out, inp, group=cp.group, algorithm=offered("all_to_all", cp.algorithm))
-    return np.ascontiguousarray(out.transpose(1, 2, 0, 3, 4)).reshape(B, H // p, p * t, d)
-
-
-def _heads_to_seq(x: np.ndarray, cp: CPGroup) -> np.ndarray:
-    """(B, H/p, T, d) -> (B, H, T/p, d): the inverse all-to-all."""
-    B, h, T, d = x.shape
-    p = cp.size
-    inp = np.ascontiguousarray(x.reshape(B, h, p, T // p, d).transpose(2, 0, 1, 3, 4))  # chunk j to rank j
-    out = np.empty_like(inp)
-    dist.all_to_all_single(out, inp, group=cp.group, algorithm=offered("all_to_all", cp.algorithm))
-    return np.ascontiguousarray(out.swapaxes(0, 1)).reshape(B, p * h, T // p, d)
-
-
-class SeqToHeads(Function):
-    """All-to-all from sequence-sharded to head-sharded; its backward is the inverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x, cp):
-        ctx.cp = cp
-        return _seq_to_heads(x.data, cp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _heads_to_seq(g.data, ctx.cp), None
-
-
-class HeadsToSeq(Function):
-    """All-to-all from head-sharded back to sequence-sharded; its backward is the forward all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x, cp):
-        ctx.cp = cp
-        return _heads_to_seq(x.data, cp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_to_heads(g.data, ctx.cp), None
-
-
-def ulysses_attention(q, k, v, cp: CPGroup, is_causal: bool = True, scale: float | None = None):
-    """Attention of this rank's positions by re-sharding heads (DeepSpeed-Ulysses): same contract as
-    :func:`ring_attention`. Needs ``H % cp == 0``; K/V with fewer heads than ``cp`` divides are
-    repeated to H heads first (then they travel at full size)."""
-    _check(q, k, v, cp, "ulysses_attention")
-    H, G = q.shape[1], k.shape[1]
-    if H % cp.size:
-        raise ValueError(f"ulysses_attention: {H} heads cannot be split over cp={cp.size} ranks")
-    if cp.size == 1:
-        return F.scaled_dot_product_attention(q, repeat_kv(k, H // G), repeat_kv(v, H // G), is_causal=is_causal,
-                                              scale=scale)
-    if G % cp.size:
-        k, v, G = repeat_kv(k, H // G), repeat_kv(v, H // G), H
-    qh, kh, vh = SeqToHeads.apply(q, cp), SeqToHeads.apply(k, cp), SeqToHeads.apply(v, cp)
-    if H != G:
-        kh, vh = repeat_kv(kh, H // G), repeat_kv(vh, H // G)
-    T = qh.shape[2]
-    mask = None
-    causal = is_causal
-    if is_causal and cp.layout != "contiguous":  # the gathered sequence is in group-rank order, not position order
-        order = np.concatenate([cp.positions(T, r) for r in range(cp.size)])
-        mask, causal = order[None, :] <= order[:, None], False
-    y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, attn_mask=mask, scale=scale)
-    return HeadsToSeq.apply(y, cp)
 
 
 # -- the model -----------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from minidist.parallel.fsdp import ShardedModel
 from minidist.parallel.memory import ActivationLedger
 from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD, pipeline_ends
 from minidist.parallel.offload import HostOptimizer, HostParams, HostTier
-from minidist.parallel.pipeline import PipelineExecutor, stage_layout
+from minidist.parallel.pipeline import PipelineExecutor
+from minidist.parallel.pipeline_stages import stage_layout
 from minidist.parallel.recompute import selective_core
 from minidist.parallel.refusals import build_schedule
 from minidist.parallel.runner import Runner

@@ -9,8 +9,7 @@ different micro-batches at once. The embeddings belong to the first piece, the f
 and loss to the last. Each micro-batch's loss is scaled by its share of the global batch, so the
 gradients summed over micro-batches are the full batch's.
 
-:func:`partition` cuts a list of layer costs into contiguous pieces minimising the largest piece
-(even: every block costs the same; balanced: costs measured by :func:`layer_costs`).
+Where the layers are cut is ``pipeline_stages.py``'s business (:func:`stage_layout`).
 :class:`PipelineExecutor` runs a :class:`~minidist.parallel.schedules.Schedule`'s action list on
 this rank: sends are ``isend`` (waited for at the end of the step), receives block. Each compute
 action is recorded as a ``pipeline`` event in the trace (name ``F3``, ``B3.1``, ...) for the Gantt
@@ -31,16 +30,15 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 
 from minidist import dist
-from minidist.autograd import Tensor, no_grad
+from minidist.autograd import Tensor
 from minidist.autograd import cost as _cost
-from minidist.autograd import functional as F
 from minidist.autograd.engine import run_backward
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, GPTConfig
-from minidist.nn.moe import MoE
 from minidist.parallel.memory import ActivationLedger, graph_bytes
-from minidist.parallel.recompute import run_checkpointed, segments
+from minidist.parallel.pipeline_chunk import Chunk
+from minidist.parallel.pipeline_stages import stage_layout
 from minidist.parallel.runner import Hooks
 from minidist.parallel.schedules import Action, Schedule
 from minidist.parallel.split_backward import WeightGradStore
@@ -48,84 +46,6 @@ from minidist.runtime import launch
 from minidist.runtime.context import current
 
 TAG_BASE = 1 << 20  # pipeline messages' tags start here (kept apart from other point-to-point traffic)
-
-
-def partition(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
-    """Cut ``costs`` into ``parts`` contiguous non-empty ranges ``[lo, hi)`` minimising the largest sum.
-
-    Exact dynamic programme over split points (O(n^2 parts)); ties keep earlier pieces larger."""
-    n = len(costs)
-    if not isinstance(parts, int) or parts < 1:
-        raise ValueError(f"partition: parts must be an int >= 1, got {parts!r}")
-    if parts > n:
-        raise ValueError(f"partition: cannot cut {n} layers into {parts} non-empty stages "
-                         f"(need n_layers >= stages x virtual)")
-    if any(c < 0 for c in costs):
-        raise ValueError(f"partition: costs must be >= 0, got {list(costs)}")
-    pre = np.concatenate([[0.0], np.cumsum(costs, dtype=float)])
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]  # best[k][i]: first i layers in k pieces
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for i in range(k, n - (parts - k) + 1):
-            for j in range(k - 1, i):
-                v = max(best[k - 1][j], pre[i] - pre[j])
-                if v < best[k][i] - 1e-12 * max(1.0, abs(v)):
-                    best[k][i], cut[k][i] = v, j
-    bounds, i = [], n
-    for k in range(parts, 0, -1):
-        j = cut[k][i]
-        bounds.append((j, i))
-        i = j
-    return bounds[::-1]
-
-
-def layer_costs(model, idx: np.ndarray, targets: np.ndarray) -> list[float]:
-    """FLOPs of forward + backward of each block on one batch, the embeddings counted with block 0 and
-    the final norm, head and loss with the last block (measured through the autograd's cost hook)."""
-    flops = [0.0]
-
-    def measure(fn) -> float:
-        flops[0] = 0.0
-        previous = _cost.set_cost_hook(lambda name, f, nbytes, dtype: flops.__setitem__(0, flops[0] + f))
-        try:
-            fn()
-        finally:
-            _cost.set_cost_hook(previous)
-        return flops[0]
-
-    def backward_from(fn, x=None):
-        out = fn() if x is None else fn(Tensor(x.data, requires_grad=True))
-        out.backward(np.ones_like(out.data))
-
-    B, T = idx.shape
-    costs = [measure(lambda: backward_from(lambda: model.wte(idx) + model.wpe(np.arange(T))))]
-    with no_grad():
-        h = model.wte(idx) + model.wpe(np.arange(T))
-    for block in model.blocks:
-        costs.append(measure(lambda: backward_from(block, h)))  # noqa: B023 (called at once)
-        with no_grad():
-            h = block(h)
-
-    def head(x):
-        return F.cross_entropy(model.lm_head(model.ln_f(x)).reshape(B * T, -1), targets.reshape(B * T))
-
-    costs.append(measure(lambda: backward_from(head, h)))
-    model.zero_grad()
-    emb, *blocks, last = costs
-    blocks[0] += emb
-    blocks[-1] += last
-    return blocks
-
-
-def stage_layout(n_layers: int, stages: int, virtual: int = 1, costs: Sequence[float] | None = None
-                 ) -> list[tuple[int, int]]:
-    """Block ranges ``[lo, hi)`` of the ``stages * virtual`` virtual stages (even without ``costs``)."""
-    costs = [1.0] * n_layers if costs is None else list(costs)
-    if len(costs) != n_layers:
-        raise ValueError(f"stage_layout: {len(costs)} costs for {n_layers} layers")
-    return partition(costs, stages * virtual)
 
 
 @contextmanager
@@ -137,61 +57,6 @@ def _fixed_cost(clock, name: str, seconds: float):
     finally:
         _cost.set_cost_hook(previous)
         clock.charge_compute_seconds(name, seconds)
-
-
-class Chunk:
-    """One virtual stage: blocks ``[lo, hi)``, with the embeddings if first and the head if last.
-
-    ``recompute_every`` k (None: keep every activation) runs the blocks in checkpointed segments of k,
-    as ``md.parallel.train`` does without a pipeline: a stage then holds only its segment inputs per
-    micro-batch in flight, and rebuilds one segment at a time in the backward. ``recompute_layers`` n
-    (with k = 1) checkpoints only the chunk's first n blocks.
-    """
-
-    def __init__(self, model, lo: int, hi: int, first: bool, last: bool, recompute_every: int | None = None,
-                 acts: ActivationLedger | None = None, hooks: Hooks | None = None,
-                 recompute_layers: int | None = None) -> None:
-        self.model, self.lo, self.hi, self.first, self.last = model, lo, hi, first, last
-        self.segments, self.acts = segments(lo, hi, recompute_every, recompute_layers), acts
-        self.hooks = hooks or Hooks()  # ZeRO-3/FSDP gather a unit's weights around its use
-
-    def prefixes(self) -> list[str]:
-        names = [f"blocks.{i}." for i in range(self.lo, self.hi)]
-        names += ["wte.", "wpe."] if self.first else []
-        names += ["ln_f.", "lm_head."] if self.last else []
-        return names
-
-    def forward(self, x, targets=None):
-        """``(output, router)``: the activation sent on (the mean cross-entropy on the last chunk) and the
-        sum of this chunk's router losses (None without MoE layers). Each stage backpropagates its own
-        router losses: the model's loss is a sum, and each term's gradient starts where it is computed."""
-        m, hooks, router = self.model, self.hooks, []
-        if self.first:
-            T = x.shape[1]
-            x = hooks.unit("embed", lambda: m.drop(m.wte(x) + m.wpe(np.arange(T))))
-        for lo, hi, checkpointed in self.segments:
-            def run(h, lo=lo, hi=hi):
-                return self._through(lo, hi, h)
-            out = run_checkpointed(run, x, self.acts) if checkpointed else run(x)
-            x, router = (out[0], router + list(out[1:])) if isinstance(out, tuple) else (out, router)
-        router = sum(router[1:], router[0]) if router else None
-        if self.last:
-            B, T = targets.shape
-
-            def head(h):
-                logits = m.lm_head(m.ln_f(h))
-                loss_fn = getattr(m, "criterion", F.cross_entropy)  # tensor parallel: the vocabulary-parallel loss
-                return loss_fn(logits.reshape(B * T, -1), targets.reshape(B * T))
-            return hooks.unit("head", head, x), router
-        return x, router
-
-    def _through(self, lo: int, hi: int, x):
-        """Blocks ``lo..hi-1``: ``x``, or ``(x, *router losses)`` when they hold MoE layers (outputs, so that
-        a checkpointed segment keeps their gradient)."""
-        moes = [mod for i in range(lo, hi) for mod in self.model.blocks[i].modules() if isinstance(mod, MoE)]
-        for i in range(lo, hi):
-            x = self.hooks.unit(f"block.{i}", self.model.blocks[i], x)
-        return (x, *(mod.aux_loss for mod in moes)) if moes else x
 
 
 class PipelineExecutor:

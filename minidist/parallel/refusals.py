@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.context_parallel import LAYOUTS, METHODS
-from minidist.parallel.schedules import ALIASES, check_schedule, make_schedule
+from minidist.parallel.schedule_walk import check_schedule
+from minidist.parallel.schedules import ALIASES, make_schedule
 from minidist.parallel.tensor_parallel_model import check_divisible
 
 

@@ -27,7 +27,7 @@ from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.memory import state_bytes_per_param
 from minidist.parallel.mesh import DENSE_GRAD, build_mesh
 from minidist.parallel.parallelize import parallelize, split_sizes
-from minidist.parallel.pipeline import layer_costs
+from minidist.parallel.pipeline_stages import layer_costs
 from minidist.parallel.refusals import check_layout
 from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
 from minidist.runtime import launch

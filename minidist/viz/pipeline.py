@@ -61,7 +61,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     import matplotlib.pyplot as plt
 
     from minidist.estimate import pipeline_bubble
-    from minidist.parallel.schedules import NAMES, make_schedule, simulate
+    from minidist.parallel.schedule_walk import simulate
+    from minidist.parallel.schedules import NAMES, make_schedule
 
     sched_w = w.Dropdown(options=list(NAMES), value=schedule, description="schedule")
     p_w = w.IntSlider(value=stages, min=1, max=8, description="stages p")
