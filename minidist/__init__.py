@@ -1,6 +1,6 @@
 """minidist: distributed training derived from its algebra, run on simulated devices.
 
-Layers import downward only: autograd, nn/optim/data <- hardware <- runtime/collectives <- parallel
+Layers import downward only: autograd, nn/optim/data <- hardware <- runtime/collectives <- resilience <- parallel
 <- estimate <- viz, labs (see README.md).
 Each section below is filled by the layer that owns it.
 """
@@ -23,6 +23,11 @@ from minidist.hardware.cluster import Cluster  # noqa: E402,F401
 from minidist.hardware.memory import OutOfMemoryError  # noqa: E402,F401
 from minidist.runtime import RankError, ReduceOp, launch  # noqa: E402,F401
 from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401
+
+# isort: split
+
+# --- resilience (checkpoint files, failures) ---
+from minidist import resilience  # noqa: E402,F401
 
 # isort: split
 

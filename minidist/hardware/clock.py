@@ -33,6 +33,7 @@ class Clock:
         self.recorder = recorder if recorder is not None else Recorder(rank)
         self._link_free: dict[int, float] = {}  # dst -> time the link rank -> dst is free again
         self._peaks: dict[object, float] = {}
+        self.slowdown = 1.0  # a straggler's compute takes this many times longer (fault injection)
 
     # -- time ------------------------------------------------------------------------------
     def now(self) -> float:
@@ -65,7 +66,7 @@ class Clock:
     def charge_compute(self, name: str, flops: float, nbytes: float, dtype=np.float32) -> float:
         """Run one op on the compute stream; return its duration."""
         start = self.compute
-        dt = max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw)
+        dt = max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw) * self.slowdown
         self.compute = start + dt
         self.recorder.record("compute", name, start, self.compute, nbytes, flops)
         return dt

@@ -32,6 +32,8 @@ class Cluster:
     memory (handy to provoke an out-of-memory in a lab); ``compute_dtype`` (e.g. ``"bf16"``) charges
     every op at that dtype's peak whatever numpy dtype actually runs. ``host_bytes`` is CPU memory
     per node and ``host_link`` the PCIe link each GPU uses to reach it (offloading, chapter 22).
+    ``storage_bw`` is the bytes/s a node writes to checkpoint storage, shared by its GPUs (default: one
+    NVMe drive's 7 GB/s, the storage tier of the book's memory hierarchy, chapter 22).
     """
 
     gpu: GPU
@@ -43,6 +45,7 @@ class Cluster:
     compute_dtype: str | None = None
     host_bytes: float = 2e12
     host_link: Link = None  # type: ignore[assignment]
+    storage_bw: float = 7e9
 
     def __init__(
         self,
@@ -55,6 +58,7 @@ class Cluster:
         compute_dtype: str | None = None,
         host_bytes: float = 2e12,
         host_link: str | Link = "PCIe5-x16",
+        storage_bw: float = 7e9,
     ) -> None:
         if gpus_per_node < 1:
             raise ValueError(f"Cluster: gpus_per_node must be >= 1, got {gpus_per_node}")
@@ -70,6 +74,9 @@ class Cluster:
         set_(self, "compute_dtype", compute_dtype)
         set_(self, "host_bytes", float(host_bytes))
         set_(self, "host_link", _as_link(host_link))
+        if not storage_bw > 0:
+            raise ValueError(f"Cluster: storage_bw must be > 0 bytes/s, got {storage_bw!r}")
+        set_(self, "storage_bw", float(storage_bw))
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod

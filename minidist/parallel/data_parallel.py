@@ -143,6 +143,10 @@ class DataParallel(BucketedReducer):
         """The parameter names behind each of :meth:`pieces` (one each here)."""
         return [[n] for u in self.units for n in u.names]
 
+    def piece_layout(self) -> list[list[tuple[str, int, int, int]]]:
+        """Per piece, which parameter elements it holds (see ``FlatUnit.segments``): here each one whole."""
+        return [[(n, 0, size, 0)] for u in self.units for n, size in zip(u.names, u.sizes)]
+
     def pieces(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(weight, averaged gradient) pairs the optimizer updates: every parameter, whole."""
         out = []

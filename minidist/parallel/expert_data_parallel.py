@@ -73,6 +73,9 @@ class ExpertDataParallel:
     def piece_names(self) -> list[list[str]]:
         return [piece for part in self.parts for piece in part.piece_names()]
 
+    def piece_layout(self) -> list[list[tuple[str, int, int, int]]]:
+        return [piece for part in self.parts for piece in part.piece_layout()]
+
     def skipped(self, model) -> frozenset[int]:
         """Indices into :meth:`pieces` of the experts no token reached: no gradient, so no update."""
         idle = idle_expert_params(model)

@@ -67,6 +67,17 @@ class FlatUnit:
         """This rank's slice of a padded flat buffer (a view)."""
         return flat[self.lo:self.hi]
 
+    def segments(self, lo: int | None = None, hi: int | None = None) -> list[tuple[str, int, int, int]]:
+        """Which parameters the flat range ``[lo, hi)`` (default: this rank's shard) holds: ``(name, start,
+        stop, at)`` says elements ``start:stop`` of parameter ``name`` (flattened) sit at ``at`` in the range."""
+        lo, hi = (self.lo, self.hi) if lo is None else (lo, hi)
+        out = []
+        for name, a, b in zip(self.names, self.offsets, self.offsets[1:]):
+            s, e = max(lo, a), min(hi, b)
+            if s < e:
+                out.append((name, s - a, e - a, s - lo))
+        return out
+
     def split(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of each parameter's values from a padded flat buffer, by name."""
         return {n: v.copy() for n, v in zip(self.names, self.views(flat))}

@@ -276,6 +276,9 @@ class ShardedModel(Hooks):
     def piece_names(self) -> list[list[str]]:
         return [list(u.names) for u in self.units]
 
+    def piece_layout(self) -> list[list[tuple[str, int, int, int]]]:
+        return [u.segments() for u in self.units]
+
     def skipped(self, model) -> frozenset[int]:
         """Indices into :meth:`pieces` of the experts no token reached: no gradient, so no update."""
         idle = idle_expert_params(model)

@@ -21,6 +21,7 @@ from minidist import dist
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT
+from minidist.parallel.checkpointing import Attempt, CheckpointPlan
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import assemble
 from minidist.parallel.flat_optim import FlatOptimizer
@@ -29,7 +30,9 @@ from minidist.parallel.mesh import DENSE_GRAD, build_mesh
 from minidist.parallel.parallelize import parallelize, split_sizes
 from minidist.parallel.pipeline_stages import layer_costs
 from minidist.parallel.refusals import check_layout
+from minidist.parallel.restart import Attempts
 from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
+from minidist.resilience.failures import Faults
 from minidist.runtime import launch
 from minidist.runtime.context import current
 
@@ -52,6 +55,12 @@ class TrainResult:
     state_bytes: dict = field(default_factory=dict)
     num_params: int = 0
     windows: list[list[tuple[float, float]]] = field(default_factory=list)
+    # a resilient run (checkpoint_dir / faults): simulated seconds from start to end including failures, lost
+    # work, restarts and checkpoints; what failed; the simulated seconds each rank's steps waited for checkpoints
+    total_time: float = 0.0
+    failures: list[dict] = field(default_factory=list)
+    lost_time: float = 0.0
+    checkpoint_blocked: list[float] = field(default_factory=list)
 
     def __repr__(self) -> str:
         return (f"TrainResult({len(self.losses)} steps, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}, "
@@ -74,8 +83,10 @@ def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
 
 
 def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
-                hyper: dict, tokens: np.ndarray) -> dict:
-    """One rank of every layout: build the model, ``parallelize`` it, train it. The same loop for all."""
+                hyper: dict, tokens: np.ndarray, run: Attempt | None = None) -> dict:
+    """One rank of every layout: build the model, ``parallelize`` it, train it. The same loop for all.
+
+    ``run`` (checkpoints, faults, a state to resume from) makes it one attempt of a resilient run."""
     mesh = build_mesh(pc)
     clock = current("md.parallel.train").clock
     model = GPT(model_config, seed=seed)
@@ -89,8 +100,12 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
     par = parallelize(model, mesh, pc, opt, state_bytes_per_param(model_config.dtype, optimizer), costs)
     reducer = par.reducer
     rng = np.random.default_rng([seed, 2])
+    run = run or Attempt()
+    keeper = run.checkpointer(par, opt, mesh, clock)
+    start = run.resume(par, opt, mesh, rng, clock)
     losses, windows, grads = [], [], None
-    for step in range(steps):
+    for step in range(start, steps):
+        keeper.before_step(step)
         xs, ys, weights = par.batch.split(*get_batch(tokens, global_batch, model_config.seq_len, rng))
         t0 = dist.now()
         losses.append(par.engine.run(xs, ys, weights))
@@ -105,17 +120,24 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         reducer.after_step(par.model)
         clock.join(clock.end())
         windows.append((t0, dist.now()))
+        keeper.after_step(step)
+        if keeper.due(step + 1):
+            keeper.save(step + 1, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows),
+                                                        "lead": mesh.get_local_rank("tp") == 0})
+    keeper.finish()
     return {"losses": losses, "windows": windows, "grads": grads, "params": reducer.param_state(),
             "host": None if par.host is None else dict(par.host.ledger.peak),
             "acts": [] if par.acts is None else par.acts.log, "num_params": num_params,
             "tp_rank": mesh.get_local_rank("tp"), "dp_rank": mesh.get_group(DENSE_GRAD).group_rank(mesh.rank),
-            "tp_axes": par.tp_axes, **par.report}
+            "tp_axes": par.tp_axes, "blocked": keeper.blocked, "start": start, **par.report}
 
 
 def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
           cluster=None, dtype: str = "float64", optimizer: str = "adamw", lr: float = 1e-3,
           weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-          momentum: float = 0.9, data=None, timeout: float = 120) -> TrainResult:
+          momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
+          checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool = False,
+          restart: bool = False, faults: Faults | None = None, max_restarts: int = 20) -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
     ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
@@ -124,6 +146,12 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     with a generator seeded by ``seed``, identically for every layout. ``optimizer``: ``"adamw"``
     (PyTorch's AdamW) or ``"sgd"`` (with ``momentum``). Runs ``md.launch`` and returns a
     :class:`TrainResult`.
+
+    Resilience (chapter 26): ``checkpoint_dir`` and ``checkpoint_every`` write a sharded checkpoint every
+    that many steps (``async_checkpoint``: in the background); ``resume=True`` starts from the newest intact
+    checkpoint there, whatever layout wrote it; ``faults`` (``md.resilience.Faults``) kills ranks or slows
+    them; with ``restart=True`` a failed attempt restarts from the newest intact checkpoint (or from the
+    start without one), at most ``max_restarts`` times, and the result counts the simulated time lost.
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
@@ -150,16 +178,31 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     hyper = {"lr": lr, "weight_decay": weight_decay}
     hyper.update({"betas": tuple(betas), "eps": eps} if optimizer == "adamw" else {"momentum": momentum})
     cluster = Cluster() if cluster is None else cluster
-    res = launch(_rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper,
-                                                             tokens), cluster=cluster, timeout=timeout)
+    plan = None
+    if checkpoint_dir is not None or checkpoint_every is not None:
+        every_ok = checkpoint_every is None or (isinstance(checkpoint_every, int) and checkpoint_every >= 1)
+        if checkpoint_dir is None or not every_ok:
+            raise ValueError(f"parallel.train: checkpoints need checkpoint_dir (and checkpoint_every None or an int "
+                             f">= 1), got {checkpoint_dir!r} and {checkpoint_every!r}")
+        plan = CheckpointPlan(str(checkpoint_dir), checkpoint_every, bool(async_checkpoint))
+    if faults is not None:
+        faults.check(pc.world_size)
+    if resume and checkpoint_dir is None:
+        raise ValueError("parallel.train: resume=True needs checkpoint_dir")
+    attempts = Attempts(plan, faults, restart, max_restarts, resume)
+    res = attempts.run(lambda attempt: launch(
+        _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
+                                                     attempt), cluster=cluster, timeout=timeout))
     out = list(res)
+    start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
-    losses = [float(sum(o["losses"][s] for o in lead)) for s in range(steps)]
+    ran = steps - start  # an attempt that resumed ran the last steps only
+    losses = attempts.losses + [float(sum(o["losses"][s] for o in lead)) for s in range(ran)]
     windows = [o["windows"] for o in out]
-    time = [max(w[s][1] - w[s][0] for w in windows) for s in range(steps)]
+    time = attempts.times + [max(w[s][1] - w[s][0] for w in windows) for s in range(ran)]
     links = [e for e in res.trace if e.stream == "link"]
     comm = [[sum(e.nbytes for e in links if e.rank == r and windows[r][s][0] <= e.start < windows[r][s][1])
-             for r in range(len(out))] for s in range(steps)]
+             for r in range(len(out))] for s in range(ran)]
     replicated = "full" in out[0]["params"]
     params = _state(out[0]["params"], [o["params"] for o in out])
     grads = _state(out[0]["grads"], [o["grads"] for o in out])
@@ -172,4 +215,6 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         host_memory=[o["host"] for o in out if o["host"] is not None],
         rank_params=rank_params,
         activations=out[0]["acts"], state_bytes=state_bytes_per_param(dtype, optimizer),
-        num_params=out[0]["num_params"], windows=windows)
+        num_params=out[0]["num_params"], windows=windows,
+        total_time=attempts.elapsed + max(w[-1][1] if w else 0.0 for w in windows), failures=attempts.failures,
+        lost_time=attempts.lost, checkpoint_blocked=[o["blocked"] for o in out])

@@ -94,6 +94,10 @@ class ZeroOptimizer(BucketedReducer):
         """The parameter names behind each of :meth:`pieces` (a bucket's slice may cut through several)."""
         return [list(u.names) for u in self.units]
 
+    def piece_layout(self) -> list[list[tuple[str, int, int, int]]]:
+        """Per piece (this rank's slice of a bucket), which parameter elements it holds."""
+        return [u.segments() for u in self.units]
+
     def pieces(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(weight slice, summed gradient slice) per bucket: the part of the model this rank updates."""
         if self.stage == 1:

@@ -1,0 +1,85 @@
+"""Restarting a failed training run from its newest intact checkpoint (chapter 26, lab 17).
+
+``md.parallel.train`` runs a resilient run as a sequence of attempts, each one ``md.launch``. When a
+rank fails, the runtime stops the others and the attempt ends with an error; the failed rank has left a
+note of when it failed (on its simulated clock) and what it had committed. The next attempt resumes from
+the newest checkpoint that reads back intact - possibly written by an earlier attempt, or under another
+layout - and the run's account grows by the attempt's time, the restart's cost and the work lost since
+the last checkpoint. The losses and step times of the steps before the checkpoint come from the
+checkpoint itself, so the final result covers the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import warnings
+
+from minidist.parallel.checkpointing import Attempt, CheckpointPlan, failure_path
+from minidist.parallel.rank_state import merge
+from minidist.resilience.failures import Faults, RankFailure
+from minidist.resilience.store import latest
+from minidist.runtime import RankError
+
+
+class Attempts:
+    """The attempts of one run, and the account of what failures cost."""
+
+    def __init__(self, plan: CheckpointPlan | None, faults: Faults | None, restart: bool, max_restarts: int,
+                 resume: bool) -> None:
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"parallel.train: max_restarts must be an int >= 0, got {max_restarts!r}")
+        self.plan, self.faults, self.restart, self.resume = plan, faults, restart, resume
+        self.max_restarts = max_restarts
+        self.losses: list[float] = []  # of the steps before the state resumed from
+        self.times: list[float] = []
+        self.failures: list[dict] = []
+        self.elapsed = 0.0  # simulated seconds spent before the last attempt began
+        self.lost = 0.0
+
+    def run(self, launch_attempt):
+        """``launch_attempt(attempt)`` until one finishes; return its launch result."""
+        record_dir = tempfile.mkdtemp(prefix="minidist_failures_")
+        try:
+            kills = list(self.faults.kill) if self.faults is not None else []
+            state = self._load() if self.resume else None
+            for index in range(self.max_restarts + 1):
+                try:
+                    return launch_attempt(Attempt(self.plan, self.faults, record_dir, index, tuple(kills), state))
+                except RankError as e:
+                    path = failure_path(record_dir, index)
+                    if not path.exists():
+                        raise  # not an injected failure: a real error
+                    rec = json.loads(path.read_text())
+                    self.failures.append(rec)
+                    if not self.restart:
+                        raise RankFailure(f"parallel.train: rank {rec['rank']} failed at step {rec['step']} "
+                                          f"({rec['reason']}); pass restart=True (with checkpoint_dir and "
+                                          f"checkpoint_every) to restart from the last checkpoint") from e
+                    if [rec["rank"], rec["step"]] in [list(k) for k in kills]:
+                        kills = [k for k in kills if list(k) != [rec["rank"], rec["step"]]]  # each kill fires once
+                    state = self._load()
+                    same = state is not None and state["attempt"] == index
+                    self.lost += rec["clock"] - (rec["last_commit"] if same else 0.0)
+                    self.elapsed += rec["clock"] + self.faults.restart_seconds
+            raise RankFailure(f"parallel.train: the run failed {self.max_restarts + 1} times; giving up "
+                              f"(raise max_restarts, or checkpoint more often)")
+        finally:
+            shutil.rmtree(record_dir, ignore_errors=True)
+
+    def _load(self) -> dict | None:
+        """The newest intact checkpoint as whole tensors, or None (then the run starts over)."""
+        found = None if self.plan is None else latest(self.plan.root, warn=lambda m: warnings.warn(m, stacklevel=2))
+        if found is None:
+            self.losses, self.times = [], []
+            return None
+        manifest, ranks = found
+        metas = [meta for _, meta in ranks]
+        n = len(metas[0]["losses"])  # the steps the writing attempt ran before this checkpoint
+        lead = [m for m in metas if m["lead"]]
+        self.losses = manifest["losses"] + [float(sum(m["losses"][s] for m in lead)) for s in range(n)]
+        self.times = manifest["times"] + [max(w[s][1] - w[s][0] for w in (m["windows"] for m in metas))
+                                          for s in range(n)]
+        return {"step": manifest["step"], "full": merge(ranks), "rng": manifest["rng"], "losses": self.losses,
+                "times": self.times, "attempt": manifest["attempt"]}

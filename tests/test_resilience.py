@@ -1,0 +1,193 @@
+"""Checkpoints, failures and restarts (chapter 26, lab 17).
+
+A run killed at step k and restarted from its last checkpoint ends bitwise where the uninterrupted run
+ends; a damaged checkpoint is named and skipped, never loaded; a checkpoint written under one layout
+continues under another exactly as a run that started there from the same state.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.parallel import ParallelConfig, build_mesh, parallelize
+from minidist.parallel.flat_optim import FlatOptimizer
+from minidist.parallel.memory import state_bytes_per_param
+from minidist.parallel.rank_state import capture, merge, restore
+from minidist.resilience import CheckpointError, Faults, RankFailure, committed, latest, read
+from minidist.resilience.store import commit, write_rank
+
+DENSE = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+HEADS4 = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4)
+MOE = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2, n_experts=4, top_k=2, d_ff=16)
+STEPS = 6
+
+
+def bitwise(a, b) -> bool:
+    return a.losses == b.losses and all(np.array_equal(a.params[k], b.params[k]) for k in b.params)
+
+
+def close(a, b, tol: float = 1e-10) -> float:
+    return max(float(np.abs(a.params[k] - b.params[k]).max()) for k in b.params) < tol
+
+
+LAYOUTS = [
+    (DENSE, dict(dp=2, tp=2, pp=2, zero_stage=1, microbatches=2)),
+    (DENSE, dict(dp=2, zero_stage=3)),
+    (DENSE, dict(pp=2, dp=2, fsdp=True, microbatches=2, schedule="zb-h1")),
+    (MOE, dict(ep=2, dp=2, zero_stage=2)),
+    (DENSE, dict(dp=2, cp=2, offload="optimizer")),
+]
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("cfg, layout", LAYOUTS, ids=["3d-zero1", "zero3", "pp-fsdp-zb", "moe-ep-zero2", "cp-offload"])
+def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_bitwise_equal(cfg, layout, async_, tmp_path):
+    pc = ParallelConfig(**layout)
+    ref = md.parallel.train(cfg, pc, steps=STEPS, global_batch=4)
+    # the last rank dies as it starts step 5: the checkpoint of step 4 (sync) or 2 (async: 4 is not yet published)
+    got = md.parallel.train(cfg, pc, steps=STEPS, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=2,
+                            async_checkpoint=async_, faults=Faults(kill=((pc.world_size - 1, 5),)), restart=True)
+    assert bitwise(got, ref)
+    assert [(f["rank"], f["step"]) for f in got.failures] == [(pc.world_size - 1, 5)]
+    assert got.lost_time > 0 and got.total_time > got.lost_time
+    assert committed(tmp_path) == [4, 6]  # the two newest are kept
+
+
+def test_failures_of_an_mtbf_process_are_survived(tmp_path):
+    pc = ParallelConfig(dp=2)
+    ref = md.parallel.train(DENSE, pc, steps=8, global_batch=4, checkpoint_dir=tmp_path / "ref", checkpoint_every=1)
+    mtbf = 3 * ref.total_time / 8  # a failure every three checkpointed steps or so
+    got = md.parallel.train(DENSE, pc, steps=8, global_batch=4, checkpoint_dir=tmp_path / "run", checkpoint_every=1,
+                            faults=Faults(mtbf=mtbf, seed=1, restart_seconds=1e-6), restart=True)
+    assert bitwise(got, ref) and len(got.failures) >= 1
+    assert all(f["reason"] == "MTBF failure" for f in got.failures)
+
+
+def test_without_restart_a_failure_is_reported_with_its_rank_and_step(tmp_path):
+    with pytest.raises(RankFailure, match="rank 1 failed at step 2"):
+        md.parallel.train(DENSE, ParallelConfig(dp=2), steps=3, global_batch=4, faults=Faults(kill=((1, 2),)))
+
+
+def test_a_straggler_slows_every_step_down():
+    pc = ParallelConfig(dp=2)
+    fast = md.parallel.train(DENSE, pc, steps=2, global_batch=4)
+    slow = md.parallel.train(DENSE, pc, steps=2, global_batch=4, faults=Faults(slow={1: 3.0}))
+    assert bitwise(slow, fast)  # the numbers do not change, the time does
+    assert slow.time[1] > 1.5 * fast.time[1]
+
+
+def _checkpoints(tmp_path, every=1, steps=3):
+    return md.parallel.train(DENSE, ParallelConfig(dp=2), steps=steps, global_batch=4, checkpoint_dir=tmp_path,
+                             checkpoint_every=every)
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate", "delete"])
+def test_a_damaged_checkpoint_is_named_and_the_previous_one_is_used(damage, tmp_path):
+    _checkpoints(tmp_path)
+    assert committed(tmp_path) == [2, 3]
+    victim = Path(tmp_path) / "step_00000003" / "rank_00001.npz"
+    data = victim.read_bytes()
+    if damage == "corrupt":
+        victim.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage == "truncate":
+        victim.write_bytes(data[: len(data) // 2])
+    else:
+        victim.unlink()
+    with pytest.raises(CheckpointError, match=r"step 3: the file of rank 1 .*rank_00001\.npz"):
+        read(tmp_path, 3)
+    with pytest.warns(UserWarning, match="rank 1"):
+        manifest, _ = latest(tmp_path, warn=lambda m: warnings.warn(m, stacklevel=2))
+    assert manifest["step"] == 2
+    ref = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=5, global_batch=4)
+    with pytest.warns(UserWarning, match="rank 1"):
+        got = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=5, global_batch=4, checkpoint_dir=tmp_path,
+                                resume=True)
+    assert bitwise(got, ref)
+
+
+def test_a_write_cut_off_before_its_manifest_is_never_read(tmp_path):
+    _checkpoints(tmp_path, every=2, steps=4)
+    partial = Path(tmp_path) / ".step_00000006.tmp"  # a crash while rank 0 wrote step 6
+    partial.mkdir()
+    (partial / "rank_00000.npz").write_bytes(b"half a file")
+    assert committed(tmp_path) == [2, 4]
+    assert latest(tmp_path)[0]["step"] == 4
+
+
+# -- resharding ----------------------------------------------------------------------------------
+
+
+def _rewrite(src: Path, dst: Path, cfg, layout: ParallelConfig) -> None:
+    """The state of checkpoint ``src`` loaded into ``layout`` and written again by it (no step taken)."""
+    manifest, ranks = latest(src)
+    full = merge(ranks)
+    dcfg = md.GPTConfig(**{**cfg.__dict__, "dtype": "float64"})
+
+    def rank():
+        mesh = build_mesh(layout)
+        opt = FlatOptimizer("adamw", lr=1e-3)
+        par = parallelize(md.GPT(dcfg, seed=0), mesh, layout, opt, state_bytes_per_param("float64", "adamw"))
+        tp = mesh.get_local_rank("tp"), mesh.size("tp")
+        restore(par.reducer, opt, par.model, full, par.tp_axes, *tp)
+        arrays, meta = capture(par.reducer, opt, par.model, par.tp_axes, *tp)
+        meta.update({"losses": [], "windows": [], "lead": tp[0] == 0})
+        write_rank(dst, manifest["step"], md.dist.get_rank(), arrays, meta)
+        md.dist.barrier()
+        if md.dist.get_rank() == 0:
+            shared = {k: manifest[k] for k in ("rng", "losses", "times", "attempt", "clock")}
+            dst_losses = manifest["losses"] + latest_losses(ranks)
+            commit(dst, manifest["step"], md.dist.get_world_size(), {**shared, "losses": dst_losses})
+
+    md.launch(rank, world_size=layout.world_size)
+
+
+def latest_losses(ranks) -> list[float]:
+    metas = [m for _, m in ranks]
+    return [float(sum(m["losses"][s] for m in metas if m["lead"])) for s in range(len(metas[0]["losses"]))]
+
+
+PAIRS = [
+    (HEADS4, dict(dp=2, tp=2, pp=2, zero_stage=1, microbatches=2), dict(tp=4, dp=2)),
+    (DENSE, dict(pp=2, dp=2, zero_stage=1, microbatches=2), dict(dp=2, zero_stage=3)),
+    (DENSE, dict(dp=2, zero_stage=3), dict(pp=2, tp=2, microbatches=2)),
+    (DENSE, dict(dp=4, fsdp=True), dict(pp=2, dp=2, zero_stage=2, microbatches=2)),
+    (DENSE, dict(tp=2, sequence_parallel=True, cp=2), dict()),
+    (MOE, dict(ep=2, dp=2, zero_stage=3), dict(ep=4)),
+]
+
+
+@pytest.mark.parametrize("cfg, before, after", PAIRS,
+                         ids=["3d-to-tp4", "pp-to-zero3", "zero3-to-pp-tp", "fsdp-to-pp-zero2", "sp-cp-to-one",
+                              "moe-ep2-to-ep4"])
+def test_a_checkpoint_continues_under_another_layout(cfg, before, after, tmp_path):
+    first, second = ParallelConfig(**before), ParallelConfig(**after)
+    md.parallel.train(cfg, first, steps=3, global_batch=4, checkpoint_dir=tmp_path / "a", checkpoint_every=3)
+    _rewrite(tmp_path / "a", tmp_path / "b", cfg, second)
+    # the whole tensors survive any layout: loading and writing again changes no bit
+    full_a, full_b = merge(latest(tmp_path / "a")[1]), merge(latest(tmp_path / "b")[1])
+    for name in full_a:
+        for kind in ("w", "m", "v"):
+            assert np.array_equal(full_a[name][kind], full_b[name][kind]), (name, kind)
+        assert full_a[name]["step"] == full_b[name]["step"]
+    resharded = md.parallel.train(cfg, second, steps=STEPS, global_batch=4, checkpoint_dir=tmp_path / "a",
+                                  resume=True)
+    native = md.parallel.train(cfg, second, steps=STEPS, global_batch=4, checkpoint_dir=tmp_path / "b",
+                               resume=True)
+    assert bitwise(resharded, native)  # equal to the run that started on the new layout from the same state
+    assert close(resharded, md.parallel.train(cfg, ParallelConfig(), steps=STEPS, global_batch=4))
+
+
+def test_resume_refuses_a_different_model(tmp_path):
+    _checkpoints(tmp_path, every=3, steps=3)
+    other = md.GPTConfig(**{**DENSE.__dict__, "d_model": 32})
+    with pytest.raises(md.RankError, match="shape"):
+        md.parallel.train(other, ParallelConfig(), steps=4, global_batch=4, checkpoint_dir=tmp_path, resume=True)
+    shutil.rmtree(tmp_path)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        md.parallel.train(DENSE, ParallelConfig(), steps=4, global_batch=4, checkpoint_every=2)
