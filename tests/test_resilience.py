@@ -16,6 +16,7 @@ import pytest
 
 import minidist as md
 from minidist.parallel import ParallelConfig, build_mesh, parallelize
+from minidist.parallel.checkpoint_sweep import SweepPoint, fitted_optimum
 from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.memory import state_bytes_per_param
 from minidist.parallel.rank_state import capture, merge, restore
@@ -191,3 +192,43 @@ def test_resume_refuses_a_different_model(tmp_path):
     shutil.rmtree(tmp_path)
     with pytest.raises(ValueError, match="checkpoint_dir"):
         md.parallel.train(DENSE, ParallelConfig(), steps=4, global_batch=4, checkpoint_every=2)
+
+
+# -- failures survived in place, and the arithmetic of checkpoint intervals --------------------------
+
+
+def test_in_place_failures_roll_back_and_end_bitwise_equal(tmp_path):
+    ref = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4)
+    probe = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4, checkpoint_dir=tmp_path / "p",
+                              checkpoint_every=3)
+    got = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4, checkpoint_dir=tmp_path / "r",
+                            checkpoint_every=3, faults=Faults(mtbf=probe.total_time / 4, seed=3, in_place=True),
+                            restart=True)
+    assert bitwise(got, ref) and len(got.failures) >= 2
+    # every failure throws away at most one interval of steps and one checkpoint
+    worst = 3 * max(ref.time) + max(probe.checkpoint_blocked) / 4
+    assert 0 < got.lost_time <= len(got.failures) * worst * 1.01
+    assert got.total_time > probe.total_time + got.lost_time * 0.99
+
+
+def test_the_fitted_optimum_of_a_sweep_recovers_the_curve_s_minimum():
+    a, b, c = 0.5, 0.01, 0.02
+    points = [SweepPoint(k, 0, (1 + a / k + b * k + c) * 10.0, 10.0, 0, 0.0) for k in (2, 4, 7, 11, 16, 25)]
+    assert fitted_optimum(points) == pytest.approx(np.sqrt(a / b), rel=1e-9)
+    with pytest.raises(ValueError, match="no interior minimum"):
+        fitted_optimum([SweepPoint(k, 0, 10.0 * (1 + 1 / k - 0.01 * k), 10.0, 0, 0.0) for k in (2, 4, 8)])
+
+
+def test_failure_arithmetic():
+    assert md.resilience.system_mtbf(50_000 * 3600, 10_000) == pytest.approx(5 * 3600)
+    m = 3600.0
+    assert md.resilience.expected_completion(m, m) == pytest.approx((np.e - 1) * m)
+    c = 60.0
+    best = md.resilience.young_daly_interval(c, m)
+    assert best == pytest.approx(np.sqrt(2 * c * m))
+    grid = np.linspace(best / 3, best * 3, 2001)
+    assert grid[np.argmin([md.resilience.overhead(i, c, m) for i in grid])] == pytest.approx(best, rel=2e-3)
+    with pytest.raises(ValueError, match="mtbf"):
+        Faults(mtbf=-1.0)
+    with pytest.raises(ValueError, match="in_place"):
+        Faults(kill=((0, 1),), in_place=True)

@@ -52,6 +52,9 @@ from minidist.parallel.context_parallel import CPGroup, context_parallelize, rin
 from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
 from minidist.parallel.online_softmax import blockwise_attention
 
+# isort: split
+from minidist.parallel.checkpoint_sweep import checkpoint_cost, fitted_optimum, sweep_checkpoint_interval
+
 __all__ = ["FlatUnit", "ParallelConfig", "Parallelized", "TrainResult", "build_mesh", "graph_bytes", "parallelize",
            "split_sizes", "state_bytes_per_param", "train"]
 __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParallelEmbedding", "tensor_parallelize",
@@ -60,3 +63,4 @@ __all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", 
             "ring_attention", "ulysses_attention"]
 __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "make_schedule", "measure_schedule",
             "partition", "pipeline", "schedules", "simulate"]
+__all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from minidist import dist
-from minidist.parallel.rank_state import MOMENTS, capture, restore
+from minidist.parallel.rank_state import MOMENTS, capture, merge, restore
 from minidist.resilience.failures import Faults
-from minidist.resilience.store import AsyncWriter, commit, write_rank
+from minidist.resilience.store import AsyncWriter, commit, committed, read, write_rank
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,14 @@ class RankCheckpointer:
         self.fail_at = arrival[0] if arrival is not None and arrival[1] == self.rank else None
         if faults is not None:
             clock.slowdown = float(faults.slow.get(self.rank, 1.0))
+        self.in_place = faults is not None and faults.in_place
+        if self.in_place and (plan is None or plan.every is None):
+            raise ValueError("parallel.train: Faults(in_place=True) rolls back to checkpoints: give checkpoint_dir "
+                             "and checkpoint_every")
+        self.arrivals = faults.in_place_arrivals() if self.in_place else None
+        self.next_fail = next(self.arrivals) if self.in_place else None
+        self.failures: list[dict] = []
+        self.lost = 0.0
         self.writer = AsyncWriter() if plan is not None and plan.async_ else None
         self.pending: tuple | None = None  # (step, shared state, simulated time the background write ends)
         self.last_commit = 0.0
@@ -65,9 +73,42 @@ class RankCheckpointer:
         if step in self.kills:
             self._die(step, self.clock.now(), "killed")
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int) -> bool:
+        """Fail here if the fault plan says so; True means "roll back" (an in-place failure)."""
         if self.fail_at is not None and self.clock.now() >= self.fail_at:
             self._die(step, self.fail_at, "MTBF failure")
+        if not self.in_place:
+            return False
+        now = np.array([self.clock.now()])
+        if self.world > 1:  # every rank must take the same decision: the latest clock decides (a heartbeat)
+            dist.all_reduce(now, op=dist.ReduceOp.MAX)
+        return bool(now[0] >= self.next_fail)
+
+    def start(self, step: int, shared: dict, extra: dict) -> None:
+        """In-place failures roll back to a checkpoint: there is always one, from the first step on."""
+        if self.in_place and step not in committed(self.plan.root):
+            self.save(step, shared, extra)
+
+    def rollback(self, par, optimizer, rng) -> int:
+        """An in-place failure at ``next_fail``: the work since the last published checkpoint is lost; every
+        rank reloads it (the pending asynchronous one, unpublished, is lost too). Returns its step."""
+        failed_at = self.next_fail
+        if self.writer is not None:
+            self.writer.wait()
+            self.pending = None
+        self.failures.append({"rank": None, "step": None, "clock": failed_at, "reason": "MTBF failure (in place)"})
+        self.lost += self.clock.now() - self.last_commit
+        manifest, ranks = read(self.plan.root, committed(self.plan.root)[-1])
+        tp = self.mesh.get_local_rank("tp"), self.mesh.size("tp")
+        restore(par.reducer, optimizer, par.model, merge(ranks), par.tp_axes, *tp)
+        rng.bit_generator.state = manifest["rng"]
+        kinds = 1 + len(MOMENTS[optimizer.kind])
+        sharing = min(self.world, self.cluster.gpus_per_node)
+        read_s = kinds * sum(p.nbytes for p, _ in par.reducer.pieces()) * sharing / self.cluster.storage_bw
+        self.clock.charge_compute_seconds("restart", self.faults.restart_seconds + read_s)
+        self.next_fail = next(self.arrivals)  # failures keep coming on the job's clock, whatever it redoes
+        self.last_commit = self.clock.now()
+        return int(manifest["step"])
 
     def _die(self, step: int, when: float, reason: str) -> None:
         record = {"rank": self.rank, "step": step, "clock": when, "reason": reason, "attempt": self.attempt,
@@ -137,7 +178,10 @@ class NoCheckpoints:
     def before_step(self, step: int) -> None:
         pass
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int) -> bool:
+        return False
+
+    def start(self, step: int, shared: dict, extra: dict) -> None:
         pass
 
     def due(self, step_done: int) -> bool:

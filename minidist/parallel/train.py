@@ -104,7 +104,10 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
     keeper = run.checkpointer(par, opt, mesh, clock)
     start = run.resume(par, opt, mesh, rng, clock)
     losses, windows, grads = [], [], None
-    for step in range(start, steps):
+    lead = mesh.get_local_rank("tp") == 0
+    keeper.start(start, run.shared(rng, pc), {"losses": [], "windows": [], "lead": lead})
+    step = start
+    while step < steps:
         keeper.before_step(step)
         xs, ys, weights = par.batch.split(*get_batch(tokens, global_batch, model_config.seq_len, rng))
         t0 = dist.now()
@@ -120,16 +123,20 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         reducer.after_step(par.model)
         clock.join(clock.end())
         windows.append((t0, dist.now()))
-        keeper.after_step(step)
-        if keeper.due(step + 1):
-            keeper.save(step + 1, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows),
-                                                        "lead": mesh.get_local_rank("tp") == 0})
+        if keeper.after_step(step):  # a failure survived in place: back to the newest checkpoint
+            step = keeper.rollback(par, opt, rng)
+            del losses[step - start:], windows[step - start:]
+            continue
+        step += 1
+        if keeper.due(step):
+            keeper.save(step, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows), "lead": lead})
     keeper.finish()
     return {"losses": losses, "windows": windows, "grads": grads, "params": reducer.param_state(),
             "host": None if par.host is None else dict(par.host.ledger.peak),
             "acts": [] if par.acts is None else par.acts.log, "num_params": num_params,
             "tp_rank": mesh.get_local_rank("tp"), "dp_rank": mesh.get_group(DENSE_GRAD).group_rank(mesh.rank),
-            "tp_axes": par.tp_axes, "blocked": keeper.blocked, "start": start, **par.report}
+            "tp_axes": par.tp_axes, "blocked": keeper.blocked, "start": start, "end": clock.end(),
+            "failures": getattr(keeper, "failures", []), "lost": getattr(keeper, "lost", 0.0), **par.report}
 
 
 def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
@@ -216,5 +223,5 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         rank_params=rank_params,
         activations=out[0]["acts"], state_bytes=state_bytes_per_param(dtype, optimizer),
         num_params=out[0]["num_params"], windows=windows,
-        total_time=attempts.elapsed + max(w[-1][1] if w else 0.0 for w in windows), failures=attempts.failures,
-        lost_time=attempts.lost, checkpoint_blocked=[o["blocked"] for o in out])
+        total_time=attempts.elapsed + max(o["end"] for o in out), failures=attempts.failures + out[0]["failures"],
+        lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=[o["blocked"] for o in out])

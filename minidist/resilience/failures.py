@@ -56,13 +56,17 @@ class Faults:
     """What goes wrong in a run: ``kill`` ((rank, step) pairs: that rank dies as it starts that step, once);
     ``mtbf`` (simulated seconds: failures of a random rank arrive as a Poisson process, drawn from
     ``seed``); ``slow`` ({rank: factor}: that rank's compute takes ``factor`` times longer);
-    ``restart_seconds`` (simulated time to reschedule and reload after a failure)."""
+    ``restart_seconds`` (simulated time to reschedule and reload after a failure). ``in_place=True``:
+    an MTBF failure is survived inside the launch - every rank rolls back to the newest checkpoint, as an
+    elastic agent restarting the job on the same machines would - instead of ending the processes; the
+    arithmetic is the same, without the wall-clock cost of new processes (for sweeps)."""
 
     kill: tuple[tuple[int, int], ...] = ()
     mtbf: float | None = None
     seed: int = 0
     slow: dict = field(default_factory=dict)
     restart_seconds: float = 0.0
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         for pair in self.kill:
@@ -75,6 +79,17 @@ class Faults:
                 raise ValueError(f"Faults: slow maps a rank to a factor >= 1, got {r!r}: {f!r}")
         if not self.restart_seconds >= 0:
             raise ValueError(f"Faults: restart_seconds must be >= 0, got {self.restart_seconds!r}")
+        if self.in_place and (self.mtbf is None or self.kill):
+            raise ValueError("Faults: in_place=True rolls back MTBF failures; give mtbf and no kill")
+
+    def in_place_arrivals(self):
+        """The failure times of an in-place run: a Poisson process of rate 1/mtbf (each next one drawn
+        from the failure before it), the same on every rank."""
+        rng = np.random.default_rng([self.seed, 1 << 20])
+        t = 0.0
+        while True:
+            t += float(rng.exponential(self.mtbf))
+            yield t
 
     def check(self, world_size: int) -> None:
         bad = [r for r, _ in self.kill if r >= world_size] + [r for r in self.slow if r >= world_size]
@@ -84,7 +99,7 @@ class Faults:
     def arrivals(self, attempt: int, world_size: int) -> tuple[float, int] | None:
         """The failure of this attempt under the MTBF process: (simulated seconds after the attempt starts,
         rank), or None without one. Memoryless, so each attempt draws afresh."""
-        if self.mtbf is None:
+        if self.mtbf is None or self.in_place:
             return None
         rng = np.random.default_rng([self.seed, attempt])
         return float(rng.exponential(self.mtbf)), int(rng.integers(world_size))
