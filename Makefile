@@ -9,12 +9,13 @@ SERIAL := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
-.PHONY: help venv lab check test test-fast test-portability bench labs labs-check lint clean
+.PHONY: help venv lab check test test-slow test-fast test-portability bench labs labs-check lint clean
 
 help:
 	@echo "make lab        create .venv, install minidist, open JupyterLab on labs/"
 	@echo "make check LAB=08  run your labs/08_*.ipynb and say which exercises are done"
 	@echo "make test       create/refresh .venv and run every test, nbval over solutions/ included"
+	@echo "make test-slow  the exhaustive ends of the sweeps (8-rank layouts of the composition grid, ...); CI runs it"
 	@echo "make bench      benchmarks (collectives vs MPICH, autograd vs PyTorch, estimator calibration)"
 	@echo "make labs       regenerate labs/ from solutions/"
 	@echo "make labs-check fail if labs/ is out of date with solutions/"
@@ -53,7 +54,7 @@ labs-check: $(STAMP)
 	$(BIN)/python -m minidist.labs.build --check
 
 test: $(STAMP) lint labs-check
-	$(SERIAL) $(BIN)/python -m pytest -q tests
+	$(SERIAL) $(BIN)/python -m pytest -q -m "not slow" tests
 	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
 	  $(SERIAL) $(BIN)/python -m pytest -q --nbval --nbval-current-env -p tests.nb_timing solutions/; \
 	else echo "(no solution notebooks yet)"; fi
@@ -76,6 +77,9 @@ bench: $(STAMP)
 	@if [ -n "$(TORCH)" ]; then $(BIN)/python -c "import torch" 2>/dev/null || \
 	  $(BIN)/python -m pip install -q "$(TORCH)" || echo "(torch not installed: PyTorch ratios are skipped)"; fi
 	$(BIN)/python -m tests.bench
+
+test-slow: $(STAMP)
+	$(SERIAL) $(BIN)/python -m pytest -q -m slow tests
 
 clean:
 	rm -rf $(VENV) build *.egg-info

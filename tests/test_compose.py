@@ -70,7 +70,13 @@ def run_layout(layout: dict) -> list[str]:
     return done
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["-".join(f"{a}{v}" for a, v in lay.items()) for lay in LAYOUTS])
+def _grid_param(lay: dict):
+    # the layouts of eight ranks cost most; make test runs the rest, make test-slow (and CI) these
+    marks = [pytest.mark.slow] if np.prod(list(lay.values())) == 8 else []
+    return pytest.param(lay, id="-".join(f"{a}{v}" for a, v in lay.items()), marks=marks)
+
+
+@pytest.mark.parametrize("layout", [_grid_param(lay) for lay in LAYOUTS])
 def test_every_layout_equals_one_device(layout):
     assert len(run_layout(layout)) == len(FLAVOURS) * len(RECOMPUTE)
 

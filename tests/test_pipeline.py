@@ -51,7 +51,7 @@ def assert_same(r, ref):
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("m", [pytest.param(1, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("schedule, v", SCHEDULES, ids=[s for s, _ in SCHEDULES])
 def test_pipeline_matches_single_device(schedule, v, m, pp):
     pc = ParallelConfig(pp=pp, microbatches=m, schedule=schedule, virtual_stages=v)

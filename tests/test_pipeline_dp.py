@@ -8,7 +8,7 @@ from tests.test_pipeline import BATCH, SCHEDULES, STEPS, assert_same, config_for
 
 
 @pytest.mark.parametrize("pp", [2, 4])
-@pytest.mark.parametrize("m", [1, 4, 8])
+@pytest.mark.parametrize("m", [pytest.param(1, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("schedule, v", SCHEDULES, ids=[s for s, _ in SCHEDULES])
 def test_pipeline_with_data_parallel_matches_single_device(schedule, v, m, pp):
     pc = ParallelConfig(pp=pp, dp=2, microbatches=m, schedule=schedule, virtual_stages=v)

@@ -37,8 +37,12 @@ CASES = (
 )
 
 
-@pytest.mark.parametrize("schedule, pp, m, sp, dp", CASES,
-                         ids=[f"{s}-pp{pp}-m{m}{'-sp' if sp else ''}-dp{dp}" for s, pp, m, sp, dp in CASES])
+def _case(s, pp, m, sp, dp):
+    marks = [pytest.mark.slow] if m != 4 else []  # the micro-batch extremes run in make test-slow
+    return pytest.param(s, pp, m, sp, dp, id=f"{s}-pp{pp}-m{m}{'-sp' if sp else ''}-dp{dp}", marks=marks)
+
+
+@pytest.mark.parametrize("schedule, pp, m, sp, dp", [_case(*c) for c in CASES])
 def test_pipeline_with_tensor_parallel_matches_single_device(schedule, pp, m, sp, dp):
     pc = ParallelConfig(pp=pp, tp=2, dp=dp, microbatches=m, schedule=schedule, virtual_stages=V[schedule],
                         sequence_parallel=sp)
