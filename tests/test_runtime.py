@@ -107,11 +107,43 @@ def test_spawn_start_method(no_leaks):
     assert list(res) == [1000.0, 0.0]
 
 
-def test_notebook_style_function_under_spawn(no_leaks):
-    # a function built from source in a fresh __main__-like namespace is pickled by value (dill)
-    ns = {"__name__": "__main__"}
-    exec("import minidist.dist as dist\ndef f(k):\n    return dist.get_rank() * k\n", ns)
-    assert list(launch(ns["f"], 2, args=(3,), start_method="spawn")) == [0, 3]
+NOTEBOOK_CELL = """
+import numpy as np
+import minidist as md
+
+SCALE = 3
+
+def helper(x):
+    return x * SCALE
+
+def make(mod):
+    def body(k):  # a closure over the minidist module, a notebook global, a notebook function
+        return helper(mod.dist.get_rank()) + float(np.ones(k).sum())
+    return body
+
+print(list(md.launch(make(md), 2, args=(2,), start_method="spawn")))
+"""
+
+
+def test_notebook_cell_function_under_spawn(tmp_path):
+    """Spawn (the default on macOS and Windows) starts ranks with a fresh ``__main__``: a function typed in
+    a notebook cell must carry the globals it uses, and the minidist module travels by name even when it
+    is an editable install (dill would copy its namespace by value). Run in a real Jupyter kernel."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    from minidist.labs.execute import run_notebook
+
+    path = tmp_path / "spawn.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK_CELL)]), path)
+    outputs = run_notebook(path, timeout=120).cells[0].outputs
+    assert [o.get("output_type") for o in outputs] == ["stream"], outputs
+    assert outputs[0]["text"] == "[2.0, 5.0]\n"
+
+
+def test_unpicklable_function_under_spawn_is_refused_before_starting(no_leaks):
+    numbers = (i for i in range(3))  # a generator cannot be pickled
+    with pytest.raises(TypeError, match="must be picklable to start ranks with start_method='spawn'"):
+        launch(lambda: next(numbers), 2, start_method="spawn")
 
 
 def test_exception_reaches_caller_with_traceback(no_leaks):

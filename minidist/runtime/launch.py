@@ -30,7 +30,7 @@ from minidist.hardware.clock import Clock
 from minidist.hardware.cluster import Cluster
 from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder, Trace
-from minidist.runtime import context, shm
+from minidist.runtime import context, pickling, shm
 from minidist.runtime.errors import RankAborted, RankError
 from minidist.runtime.transport import Transport
 
@@ -99,6 +99,8 @@ def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tears us down
     _die_with_parent()
     _limit_blas_threads()
+    if isinstance(fn, bytes):  # spawned: the function and its arguments travel by value (pickling.py)
+        fn, args, kwargs = pickling.loads(fn)
     layout = shm.Layout(world, *layout_args)
     mm = shm.attach(seg, layout.size) if isinstance(seg, str) else seg
     conn.send_bytes(dill.dumps(("ready", rank)))
@@ -212,6 +214,13 @@ def launch(
     if start_method is None:
         start_method = "fork" if sys.platform.startswith("linux") else "spawn"
     mp = multiprocess.get_context(start_method)
+    payload = (fn, args, kwargs)
+    if start_method != "fork":
+        try:
+            payload = (pickling.dumps(payload), (), None)
+        except Exception as e:
+            raise TypeError(f"launch: fn and its arguments must be picklable to start ranks with "
+                            f"start_method={start_method!r}: {type(e).__name__}: {e}") from e
     cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
     layout = shm.default_layout(world_size)
     layout_args = (layout.slot_bytes, layout.nslots)
@@ -231,7 +240,7 @@ def launch(
             for r in range(world_size):
                 rd, wr = mp.Pipe(duplex=False)
                 p = mp.Process(target=_rank_main, name=f"minidist-rank-{r}", daemon=True,
-                               args=(r, world_size, fn, args, kwargs, cluster, mm if fork else name, layout_args,
+                               args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
                                      bells, wr, timeout))
                 p.start()
                 wr.close()
