@@ -287,3 +287,63 @@ def test_a_rank_stuck_before_it_starts_is_reported_not_waited_for(monkeypatch, n
     with pytest.raises(RankError, match="did not start within 1 s"):
         launch(_identity, 2, args=(0,), timeout=1.0, start_method="fork")
     assert time.monotonic() - t0 < 8
+
+
+INTERRUPTED = """
+import sys
+import time
+import minidist as md
+
+def body():
+    time.sleep(60)
+
+print("launching", flush=True)
+md.launch(body, 3, start_method=sys.argv[1])
+"""
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Processes whose environment carries ``marker`` (ranks inherit it under fork and spawn alike)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    with open(f"/proc/{pid}/stat") as st:
+                        if st.read().split(") ")[1][0] != "Z":
+                            found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("method, delays", [
+    ("fork", [i * 0.005 for i in range(0, 24, 3)]),
+    ("spawn", [0.0, 0.05, 0.15, 0.3]),
+    pytest.param("fork", [i * 0.005 for i in range(24)], marks=pytest.mark.slow),
+    pytest.param("spawn", [i * 0.04 for i in range(12)], marks=pytest.mark.slow),
+])
+def test_interrupt_at_any_moment_of_a_launch(tmp_path, method, delays):
+    """SIGINT (what Ctrl-C and Jupyter's interrupt send) at any moment of a launch, ranks starting or running:
+    KeyboardInterrupt within 1 s, and no rank process or shared-memory segment left."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED)
+    for i, delay in enumerate(delays):
+        marker = f"MINIDIST_TEST_{os.getpid()}_{i}_{time.monotonic_ns()}"
+        proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker})
+        assert proc.stdout.readline() == b"launching\n"
+        time.sleep(delay)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"{method}: SIGINT {delay * 1e3:.0f} ms into the launch was lost (still running after 5 s)")
+        took = time.monotonic() - t0
+        assert b"KeyboardInterrupt" in err, (delay, err[-800:])
+        assert took < 1.0, f"{method}: interrupted {delay * 1e3:.0f} ms in, it took {took:.2f} s to stop"
+        time.sleep(0.1)
+        assert _processes_with(marker) == [], f"{method}: ranks left running after an interrupt at {delay} s"
+        assert _shm_entries(proc.pid) == []

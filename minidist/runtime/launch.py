@@ -146,6 +146,55 @@ def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, 
     conn.close()
 
 
+class _Interrupts:
+    """Ctrl-C (or a Jupyter interrupt) during a launch, taken only where the launcher can act on it.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be, and in some places it
+    is swallowed: inside the hooks ``os.fork`` runs ("Exception ignored in ..."), and a ``select``
+    interrupted by a handler that does not raise is retried. So while ranks start and run, SIGINT
+    only sets a flag and writes a byte to a pipe that the launcher's wait watches; the launcher
+    raises KeyboardInterrupt at its next step, and its cleanup stops every rank.
+    """
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.prev = None
+        self.rd = self.wr = -1
+
+    def __enter__(self) -> _Interrupts:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            prev = signal.getsignal(signal.SIGINT)
+            if prev is signal.default_int_handler:  # somebody else's handler is theirs to keep
+                self.rd, self.wr = os.pipe()
+                os.set_blocking(self.wr, False)
+                self.prev = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.hit = True
+        try:
+            os.write(self.wr, b"!")
+        except OSError:
+            pass
+
+    def fds(self) -> list[int]:
+        return [self.rd] if self.rd >= 0 else []
+
+    def check(self) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        if self.prev is not None:
+            signal.signal(signal.SIGINT, self.prev)
+            os.close(self.rd)
+            os.close(self.wr)
+        if self.hit and exc[0] is None:
+            raise KeyboardInterrupt
+
+
 def _print_grouped(stdout: dict[int, str]) -> None:
     for r in sorted(stdout):
         text = stdout[r]
@@ -224,113 +273,116 @@ def launch(
     cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
     layout = shm.default_layout(world_size)
     layout_args = (layout.slot_bytes, layout.nslots)
-    mm, name = shm.create(layout.size)
-    fork = start_method == "fork"
-    if fork:
-        shm.unlink(name)  # children inherit the mapping; the name is no longer needed
-    procs, readers = [], {}
-    board = shm.Board(mm, layout)
-    bells = [mp.Semaphore(0) for _ in range(world_size)]
-    values, times, memory, events, stdout, errors, order = {}, {}, {}, {}, {}, {}, []
-    try:
-        saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
-        if not fork:
-            os.environ.update({k: "1" for k in _BLAS_ENV})
+    with _Interrupts() as interrupts:
+        mm, name = shm.create(layout.size)
+        fork = start_method == "fork"
+        if fork:
+            shm.unlink(name)  # children inherit the mapping; the name is no longer needed
+        procs, readers = [], {}
+        board = shm.Board(mm, layout)
+        bells = [mp.Semaphore(0) for _ in range(world_size)]
+        values, times, memory, events, stdout, errors, order = {}, {}, {}, {}, {}, {}, []
         try:
-            for r in range(world_size):
-                rd, wr = mp.Pipe(duplex=False)
-                p = mp.Process(target=_rank_main, name=f"minidist-rank-{r}", daemon=True,
-                               args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
-                                     bells, wr, timeout))
-                p.start()
-                wr.close()
-                procs.append(p)
-                readers[rd] = r
-        finally:
+            saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
             if not fork:
-                for k, v in saved_env.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        sentinels = {p.sentinel: r for r, p in enumerate(procs)}
-        ready, failed_at = set(), None
-        # A rank that never reports ready is stuck before running anything (e.g. a lock held by another
-        # thread of the parent when it forked): no communication timeout would ever fire for it.
-        start_deadline = time.monotonic() + timeout
-
-        def handle(conn) -> None:
-            r = readers[conn]
+                os.environ.update({k: "1" for k in _BLAS_ENV})
             try:
-                msg = dill.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                del readers[conn]
-                return
-            if msg[0] == "ready":
-                ready.add(r)
-                if len(ready) == world_size and not fork:
-                    shm.unlink(name)  # every rank has it mapped now
-            elif msg[0] == "ok":
-                _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
-            else:
-                _, _, ename, emsg, tb, exc, stdout[r], times[r] = msg
-                errors[r] = (ename, emsg, tb, exc)
-                order.append(r)
+                for r in range(world_size):
+                    rd, wr = mp.Pipe(duplex=False)
+                    p = mp.Process(target=_rank_main, name=f"minidist-rank-{r}", daemon=True,
+                                   args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
+                                         bells, wr, timeout))
+                    p.start()
+                    wr.close()
+                    procs.append(p)
+                    readers[rd] = r
+                    interrupts.check()
+            finally:
+                if not fork:
+                    for k, v in saved_env.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+            sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+            ready, failed_at = set(), None
+            # A rank that never reports ready is stuck before running anything (e.g. a lock held by another
+            # thread of the parent when it forked): no communication timeout would ever fire for it.
+            start_deadline = time.monotonic() + timeout
 
-        while len(values) + len(errors) < world_size:
-            wait_s = None if failed_at is None else max(0.0, failed_at + GRACE - time.monotonic())
-            if failed_at is not None and wait_s == 0.0:
-                break
-            if len(ready) < world_size and failed_at is None:
-                left = start_deadline - time.monotonic()
-                if left <= 0:
-                    for r in range(world_size):
-                        if r not in ready and r not in errors:
-                            errors[r] = ("StartTimeout", f"rank {r} did not start within {timeout:g} s (stuck "
-                                         f"before running fn; under the fork start method a lock another thread "
-                                         f"of this process held at the fork can do that: retry, or use "
-                                         f"start_method='spawn')", "", None)
-                            order.append(r)
-                    board.abort("a rank did not start")
-                    for b in bells:
-                        b.release()
-                    failed_at = time.monotonic()
-                    continue
-                wait_s = left
-            objs = mp_wait(list(readers) + list(sentinels), timeout=wait_s)
-            for o in objs:
-                if o in readers:
-                    handle(o)
-            for o in objs:
-                if o in sentinels:
-                    r = sentinels.pop(o)
-                    for c, rr in list(readers.items()):
-                        if rr == r:
-                            while c in readers and c.poll():
-                                handle(c)
-                    if r not in values and r not in errors:
-                        procs[r].join(0.5)
-                        code = procs[r].exitcode
-                        errors[r] = ("RankDied", f"rank {r} exited without reporting (exit code {code})", "", None)
-                        order.append(r)
-                        board.abort(f"rank {r} died (exit code {code})")
+            def handle(conn) -> None:
+                r = readers[conn]
+                try:
+                    msg = dill.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    del readers[conn]
+                    return
+                if msg[0] == "ready":
+                    ready.add(r)
+                    if len(ready) == world_size and not fork:
+                        shm.unlink(name)  # every rank has it mapped now
+                elif msg[0] == "ok":
+                    _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
+                else:
+                    _, _, ename, emsg, tb, exc, stdout[r], times[r] = msg
+                    errors[r] = (ename, emsg, tb, exc)
+                    order.append(r)
+
+            while len(values) + len(errors) < world_size:
+                wait_s = None if failed_at is None else max(0.0, failed_at + GRACE - time.monotonic())
+                if failed_at is not None and wait_s == 0.0:
+                    break
+                if len(ready) < world_size and failed_at is None:
+                    left = start_deadline - time.monotonic()
+                    if left <= 0:
+                        for r in range(world_size):
+                            if r not in ready and r not in errors:
+                                errors[r] = ("StartTimeout", f"rank {r} did not start within {timeout:g} s (stuck "
+                                             f"before running fn; under the fork start method a lock another thread "
+                                             f"of this process held at the fork can do that: retry, or use "
+                                             f"start_method='spawn')", "", None)
+                                order.append(r)
+                        board.abort("a rank did not start")
                         for b in bells:
                             b.release()
-            if errors and failed_at is None:
-                failed_at = time.monotonic()
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=2.0)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for c in readers:
-            c.close()
-        shm.unlink(name)
-        del board
+                        failed_at = time.monotonic()
+                        continue
+                    wait_s = left
+                objs = mp_wait(list(readers) + list(sentinels) + interrupts.fds(), timeout=wait_s)
+                interrupts.check()
+                for o in objs:
+                    if o in readers:
+                        handle(o)
+                for o in objs:
+                    if o in sentinels:
+                        r = sentinels.pop(o)
+                        for c, rr in list(readers.items()):
+                            if rr == r:
+                                while c in readers and c.poll():
+                                    handle(c)
+                        if r not in values and r not in errors:
+                            procs[r].join(0.5)
+                            code = procs[r].exitcode
+                            errors[r] = ("RankDied", f"rank {r} exited without reporting (exit code {code})", "", None)
+                            order.append(r)
+                            board.abort(f"rank {r} died (exit code {code})")
+                            for b in bells:
+                                b.release()
+                if errors and failed_at is None:
+                    failed_at = time.monotonic()
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=2.0)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+            for c in readers:
+                c.close()
+            shm.unlink(name)
+            del board
     if not quiet:
         _print_grouped(stdout)
     if errors:
