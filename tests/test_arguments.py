@@ -23,6 +23,9 @@ def _rank():
     ({"timeout": 0}, "timeout must be a positive number"),
     ({"timeout": math.inf}, "timeout must be a positive number"),
     ({"start_method": "thread"}, "start_method"),
+    ({"deadline": math.nan}, "deadline must be None or a positive number"),
+    ({"deadline": -1}, "deadline must be None or a positive number"),
+    ({"deadline": "10"}, "deadline must be None or a positive number"),
 ])
 def test_launch_refuses_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -347,3 +347,38 @@ def test_interrupt_at_any_moment_of_a_launch(tmp_path, method, delays):
         time.sleep(0.1)
         assert _processes_with(marker) == [], f"{method}: ranks left running after an interrupt at {delay} s"
         assert _shm_entries(proc.pid) == []
+
+
+def _one_rank_loops_forever():
+    if dist.get_rank() == 1:
+        while True:
+            pass
+    return dist.get_rank()
+
+
+def _every_rank_computes_forever():
+    total = 0
+    while True:
+        total += 1
+
+
+def test_a_rank_looping_after_the_others_returned_is_stopped(no_leaks):
+    """No communication call ever times out for a rank that never communicates again: once a rank has
+    returned, the others get ``timeout`` seconds, then the launch stops them and says where they were."""
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_one_rank_loops_forever, 3, timeout=1.0)
+    assert time.monotonic() - t0 < 5
+    text = str(info.value)
+    assert "rank 1 failed with DeadlineExceeded: rank 1 was still running its own code at 1 s (the timeout) " \
+           "after rank 0 returned" in text
+    assert "while True:" in text and "in _one_rank_loops_forever" in text  # the line it was stuck on
+
+
+def test_deadline_bounds_a_launch_whose_ranks_all_compute(no_leaks):
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match="still running its own code at the launch's deadline of 1.5 s") as info:
+        launch(_every_rank_computes_forever, 2, deadline=1.5)
+    assert 1.5 <= time.monotonic() - t0 < 5
+    assert "in _every_rank_computes_forever" in str(info.value)
+    assert list(launch(_identity, 2, args=(0,), deadline=30)) == [(0, 2), (1, 2)]

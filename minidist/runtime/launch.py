@@ -104,6 +104,7 @@ def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, 
     layout = shm.Layout(world, *layout_args)
     mm = shm.attach(seg, layout.size) if isinstance(seg, str) else seg
     conn.send_bytes(dill.dumps(("ready", rank)))
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _send_stack(conn, rank, frame))
     board = shm.Board(mm, layout)
     recorder = Recorder(rank)
     clock = Clock(rank, cluster, recorder)
@@ -195,6 +196,36 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
+def _send_stack(conn, rank: int, frame) -> None:
+    """Tell the launcher where this rank is (it asks when the rank overstays the launch's limits)."""
+    frames = traceback.extract_stack(frame)
+    ours = [i for i, f in enumerate(frames) if f.filename == __file__]
+    mine = frames[ours[-1] + 1 if ours else 0 :][-8:]  # the rank's own frames, below _rank_main
+    try:
+        conn.send_bytes(dill.dumps(("stack", rank, "".join(traceback.format_list(mine)))))
+    except Exception:
+        pass
+
+
+def _ask_where(procs, ranks, readers, handle, stacks, within: float = 0.5) -> None:
+    """Ask ``ranks`` for their stacks (SIGUSR1) and collect the answers for at most ``within`` seconds."""
+    for r in ranks:
+        if procs[r].is_alive():
+            os.kill(procs[r].pid, signal.SIGUSR1)
+    end = time.monotonic() + within
+    while any(r not in stacks for r in ranks) and time.monotonic() < end:
+        conns = [c for c, r in readers.items() if r in ranks]
+        for c in mp_wait(conns, timeout=max(0.0, end - time.monotonic())):
+            if c in readers:
+                handle(c)
+
+
+def _overstay(rank: int, why: str, board: shm.Board) -> str:
+    state, _, desc = board.describe(rank)
+    doing = f"waiting in {desc}" if state == shm.WAITING else "running its own code"
+    return f"rank {rank} was still {doing} at {why} and was stopped"
+
+
 def _print_grouped(stdout: dict[int, str]) -> None:
     for r in sorted(stdout):
         text = stdout[r]
@@ -219,7 +250,8 @@ def _failure(errors: dict, order: list[int]) -> RankError:
     if others:
         lines.append("other ranks: " + "; ".join(f"rank {r}: {errors[r][0]}: {errors[r][1]}" for r in others))
     if tb:
-        lines.append(f"\n--- traceback of rank {first} ---\n{tb.rstrip()}")
+        where = "where it was" if name == "DeadlineExceeded" else "traceback"
+        lines.append(f"\n--- {where} of rank {first} ---\n{tb.rstrip()}")
     obj = None
     if exc is not None:
         try:
@@ -238,12 +270,16 @@ def launch(
     timeout: float = 60.0,
     start_method: str | None = None,
     quiet: bool = False,
+    deadline: float | None = None,
 ) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` simulated devices and collect what they return.
 
     ``cluster`` (default: DGX H100 nodes) gives the GPUs and links the clocks charge. ``timeout`` is
     how many seconds a rank may wait inside one communication call before the run stops with a
-    report of who waits for whom. ``start_method`` is "fork" (default on Linux: fast) or "spawn".
+    report of who waits for whom; once a rank has returned, the others have ``timeout`` seconds to
+    return too. ``deadline`` (seconds, default none) bounds the whole launch. A rank that overstays
+    either limit is stopped and reported with the line it was running. ``start_method`` is "fork"
+    (default on Linux: fast) or "spawn".
     Printed output is shown grouped by rank after the run (``quiet=True`` keeps it in
     ``result.stdout`` only). Raises RankError if any rank raises.
     """
@@ -258,6 +294,9 @@ def launch(
             or timeout <= 0:
         raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
     timeout = float(timeout)
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
+                                 or not math.isfinite(deadline) or deadline <= 0):
+        raise ValueError(f"launch: deadline must be None or a positive number of seconds, got {deadline!r}")
     if start_method not in (None, "fork", "spawn", "forkserver"):
         raise ValueError(f"launch: start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}")
     if start_method is None:
@@ -308,9 +347,12 @@ def launch(
             ready, failed_at = set(), None
             # A rank that never reports ready is stuck before running anything (e.g. a lock held by another
             # thread of the parent when it forked): no communication timeout would ever fire for it.
-            start_deadline = time.monotonic() + timeout
+            t_launch = time.monotonic()
+            start_deadline = t_launch + timeout
+            first_done, stacks = None, {}
 
             def handle(conn) -> None:
+                nonlocal first_done
                 r = readers[conn]
                 try:
                     msg = dill.loads(conn.recv_bytes())
@@ -323,6 +365,9 @@ def launch(
                         shm.unlink(name)  # every rank has it mapped now
                 elif msg[0] == "ok":
                     _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
+                    first_done = time.monotonic() if first_done is None else first_done
+                elif msg[0] == "stack":
+                    stacks[r] = msg[2]
                 else:
                     _, _, ename, emsg, tb, exc, stdout[r], times[r] = msg
                     errors[r] = (ename, emsg, tb, exc)
@@ -348,6 +393,25 @@ def launch(
                         failed_at = time.monotonic()
                         continue
                     wait_s = left
+                due = min(math.inf if deadline is None else t_launch + deadline,
+                          math.inf if first_done is None else first_done + timeout)
+                if failed_at is None and due < math.inf:
+                    left = due - time.monotonic()
+                    if left <= 0:
+                        late = [r for r in range(world_size) if r not in values and r not in errors]
+                        _ask_where(procs, late, readers, handle, stacks)
+                        why = (f"the launch's deadline of {deadline:g} s" if first_done is None
+                               or t_launch + (deadline or math.inf) <= first_done + timeout else
+                               f"{timeout:g} s (the timeout) after rank {min(values)} returned")
+                        for r in late:
+                            errors[r] = ("DeadlineExceeded", _overstay(r, why, board), stacks.get(r, ""), None)
+                            order.append(r)
+                        board.abort(f"the launcher stopped ranks {late}: they ran past {why}")
+                        for b in bells:
+                            b.release()
+                        failed_at = time.monotonic()
+                        continue
+                    wait_s = left if wait_s is None else min(wait_s, left)
                 objs = mp_wait(list(readers) + list(sentinels) + interrupts.fds(), timeout=wait_s)
                 interrupts.check()
                 for o in objs:
