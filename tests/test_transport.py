@@ -223,3 +223,26 @@ def test_ring_of_isends_three_ranks():
         return int(y[0])
 
     assert launch(f, 3).values == [2, 0, 1]
+
+
+def _long_signatures(tail_differs: bool):
+    from minidist.runtime.context import current
+
+    tp = current().transport
+    r = dist.get_rank()
+    # a collective over ~200 ranks has a signature this long (its rank list), longer than a header holds
+    sig = f"all_reduce(algorithm='ring') on ranks {list(range(400))}".encode()
+    if tail_differs and r == 1:
+        sig = sig[:-2] + b"8]"
+    x = np.arange(4.0) if r == 0 else np.zeros(4)
+    if r == 0:
+        tp.wait([tp.isend(x, 1, -7, 0.0, sig=sig, name="all_reduce")])
+    else:
+        tp.wait([tp.irecv(x, 0, -7, 0.0, sig=sig, name="all_reduce")])
+    return x.tolist()
+
+
+def test_signatures_longer_than_a_header_match_themselves_and_nothing_else():
+    assert launch(_long_signatures, 2, args=(False,))[1] == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(RankError, match="ranks disagree about a collective call"):
+        launch(_long_signatures, 2, args=(True,), timeout=5)

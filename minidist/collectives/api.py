@@ -12,6 +12,7 @@ call after call (the signature text, the algorithm choice) are computed once and
 
 from __future__ import annotations
 
+import zlib
 from functools import lru_cache
 
 import numpy as np
@@ -67,8 +68,16 @@ def _signature(name: str, detail: str, algorithm: str, ranks: tuple) -> bytes:
         if len(_SIGS) > 4096:
             _SIGS.clear()
         args = f"{detail}, algorithm={algorithm!r}" if detail else f"algorithm={algorithm!r}"
-        sig = _SIGS[key] = f"{name}({args}) on ranks {list(ranks)}".encode()
+        sig = _SIGS[key] = f"{name}({args}) on {_ranks_text(ranks)}".encode()
     return sig
+
+
+def _ranks_text(ranks: tuple) -> str:
+    """A group as people read it: every rank of a small one; the ends and a checksum of a large one."""
+    if len(ranks) <= 16:
+        return f"ranks {list(ranks)}"
+    return (f"{len(ranks)} ranks [{ranks[0]}, {ranks[1]}, {ranks[2]}, ..., {ranks[-1]}] "
+            f"(checksum {zlib.crc32(repr(ranks).encode()):08x})")
 
 
 def _choose(coll: str, nbytes: int, c: Comm) -> str:

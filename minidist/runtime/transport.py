@@ -188,6 +188,24 @@ class _Discard(_Stash):
 
 
 _DTYPES: dict[bytes, np.dtype] = {}  # header dtype field -> dtype
+_WIRE: dict[bytes, bytes] = {}
+
+
+def wire_signature(sig: bytes) -> bytes:
+    """The signature as a header carries it: whole if it fits, else its start and a checksum of all of it.
+
+    A collective's signature lists the group's ranks, so it outgrows the header from about 180 ranks;
+    both sides compare this form, so a long signature still matches itself and still differs from any
+    other (its text stays readable up to the cut).
+    """
+    if len(sig) <= SIG_MAX:
+        return sig
+    wire = _WIRE.get(sig)
+    if wire is None:
+        if len(_WIRE) > 1024:
+            _WIRE.clear()
+        wire = _WIRE[sig] = sig[: SIG_MAX - 24] + f" ... (crc32 {zlib.crc32(sig):08x})".encode()
+    return wire
 
 
 def _fmt(shape, dtype) -> str:
@@ -341,7 +359,7 @@ class Transport:
                 hoff, payload = slots[head % nslots]
                 if op.chunks == 0:
                     shape = op.shape if len(op.shape) <= 8 else op.shape[:8]
-                    sig = op.sig[:SIG_MAX]
+                    sig = wire_signature(op.sig)
                     HEADER.pack_into(self.mv, hoff, op.tag, op.nbytes, op.start, op.end, op.msg, len(op.shape),
                                      *shape, *(0,) * (8 - len(shape)), op.dtype.str.encode(), len(sig), op.addr)
                     if sig:
@@ -448,7 +466,7 @@ class Transport:
         if dtype is None:
             dtype = _DTYPES[hdr[14]] = np.dtype(hdr[14].rstrip(b"\0").decode())
         problem = None
-        if sig != op.sig:
+        if sig != op.sig and sig != wire_signature(op.sig):
             theirs = sig.decode(errors="replace") or "a point-to-point send"
             mine = op.sig.decode(errors="replace") or "a point-to-point recv"
             problem = (f"ranks disagree about a collective call: rank {op.peer} called {theirs}; "
