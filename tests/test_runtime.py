@@ -382,3 +382,29 @@ def test_deadline_bounds_a_launch_whose_ranks_all_compute(no_leaks):
     assert 1.5 <= time.monotonic() - t0 < 5
     assert "in _every_rank_computes_forever" in str(info.value)
     assert list(launch(_identity, 2, args=(0,), deadline=30)) == [(0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("method, delays", [
+    ("fork", [0.0, 0.01, 0.02, 0.04, 0.2]),
+    ("spawn", [0.0, 0.05, 0.15, 0.3, 0.6]),
+    pytest.param("fork", [i * 0.004 for i in range(30)], marks=pytest.mark.slow),
+    pytest.param("spawn", [i * 0.04 for i in range(20)], marks=pytest.mark.slow),
+])
+def test_a_killed_parent_leaves_no_rank_and_no_segment(tmp_path, method, delays):
+    """SIGKILL the launching process at any moment: its ranks die with it (even one that had not yet
+    asked the kernel to), and the segment a spawned launch must keep named is unlinked for it."""
+    script = tmp_path / "killed.py"
+    script.write_text(INTERRUPTED)
+    for i, delay in enumerate(delays):
+        marker = f"MINIDIST_TEST_{os.getpid()}_{i}_{time.monotonic_ns()}"
+        proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker})
+        assert proc.stdout.readline() == b"launching\n"
+        time.sleep(delay)
+        proc.kill()
+        proc.communicate()
+        deadline = time.monotonic() + 3
+        while (_processes_with(marker) or _shm_entries(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(marker) == [], f"{method}: ranks orphaned by a parent killed {delay} s in"
+        assert _shm_entries(proc.pid) == [], f"{method}: segment leaked by a parent killed {delay} s in"

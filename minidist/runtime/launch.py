@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import dill
 import multiprocess
+from multiprocess import resource_tracker
 from multiprocess.connection import wait as mp_wait
 
 from minidist.autograd.cost import set_cost_hook
@@ -85,19 +86,51 @@ def _limit_blas_threads() -> None:
                 break
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this rank if the parent dies (no orphans after a SIGKILL)."""
+def _die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this rank if the parent dies (no orphans after a SIGKILL).
+
+    A parent that died before the request was made is not covered by it: then we are already
+    somebody else's child, and leave at once.
+    """
     try:
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
-def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, conn, timeout):
+class _Segment:
+    """The launch's shared-memory segment, unlinked exactly once.
+
+    Under spawn the name must live until every rank has mapped it, and a parent killed meanwhile
+    cannot unlink it: multiprocess's resource tracker (a helper process that outlives the parent)
+    then does, so it is told about the segment until it is unlinked.
+    """
+
+    def __init__(self, size: int, fork: bool) -> None:
+        self.mm, self.name = shm.create(size)
+        self.tracked = False
+        if fork:
+            shm.unlink(self.name)  # children inherit the mapping; the name is no longer needed
+            self.name = None
+        else:
+            resource_tracker.register(self.name, "shared_memory")
+            self.tracked = True
+
+    def unlink(self) -> None:
+        if self.name is not None:
+            shm.unlink(self.name)
+            if self.tracked:
+                resource_tracker.unregister(self.name, "shared_memory")
+            self.name = None
+
+
+def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, conn, timeout, parent):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tears us down
-    _die_with_parent()
+    _die_with_parent(parent)
     _limit_blas_threads()
     if isinstance(fn, bytes):  # spawned: the function and its arguments travel by value (pickling.py)
         fn, args, kwargs = pickling.loads(fn)
@@ -313,10 +346,9 @@ def launch(
     layout = shm.default_layout(world_size)
     layout_args = (layout.slot_bytes, layout.nslots)
     with _Interrupts() as interrupts:
-        mm, name = shm.create(layout.size)
         fork = start_method == "fork"
-        if fork:
-            shm.unlink(name)  # children inherit the mapping; the name is no longer needed
+        seg = _Segment(layout.size, fork)
+        mm, name = seg.mm, seg.name
         procs, readers = [], {}
         board = shm.Board(mm, layout)
         bells = [mp.Semaphore(0) for _ in range(world_size)]
@@ -330,7 +362,7 @@ def launch(
                     rd, wr = mp.Pipe(duplex=False)
                     p = mp.Process(target=_rank_main, name=f"minidist-rank-{r}", daemon=True,
                                    args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
-                                         bells, wr, timeout))
+                                         bells, wr, timeout, os.getpid()))
                     p.start()
                     wr.close()
                     procs.append(p)
@@ -362,7 +394,7 @@ def launch(
                 if msg[0] == "ready":
                     ready.add(r)
                     if len(ready) == world_size and not fork:
-                        shm.unlink(name)  # every rank has it mapped now
+                        seg.unlink()  # every rank has it mapped now
                 elif msg[0] == "ok":
                     _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
                     first_done = time.monotonic() if first_done is None else first_done
@@ -445,7 +477,7 @@ def launch(
                     p.join()
             for c in readers:
                 c.close()
-            shm.unlink(name)
+            seg.unlink()
             del board
     if not quiet:
         _print_grouped(stdout)
