@@ -408,3 +408,14 @@ def test_a_killed_parent_leaves_no_rank_and_no_segment(tmp_path, method, delays)
             time.sleep(0.05)
         assert _processes_with(marker) == [], f"{method}: ranks orphaned by a parent killed {delay} s in"
         assert _shm_entries(proc.pid) == [], f"{method}: segment leaked by a parent killed {delay} s in"
+
+
+def _one_rank_stops_itself():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.all_reduce(np.zeros(1))
+
+
+def test_a_stopped_rank_is_reported_as_stopped(no_leaks):
+    with pytest.raises(RankError, match=r"rank 1 is stopped \(SIGSTOP, Ctrl-Z or a debugger\)"):
+        launch(_one_rank_stops_itself, 2, timeout=1.0)

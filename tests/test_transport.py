@@ -246,3 +246,16 @@ def test_signatures_longer_than_a_header_match_themselves_and_nothing_else():
     assert launch(_long_signatures, 2, args=(False,))[1] == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(RankError, match="ranks disagree about a collective call"):
         launch(_long_signatures, 2, args=(True,), timeout=5)
+
+
+def _tags_disagree():
+    if dist.get_rank() == 0:
+        dist.send(np.ones(1), 1, tag=1)
+    else:
+        dist.recv(np.ones(1), 0, tag=2)
+
+
+def test_a_tag_mismatch_names_the_tag_that_was_sent():
+    with pytest.raises(RankError, match=r"rank 0 has finished and will never send it \(rank 0 sent rank 1 a "
+                                        r"message with tag 1, which no receive asked for"):
+        launch(_tags_disagree, 2, timeout=5)

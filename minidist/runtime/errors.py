@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class MismatchError(ValueError):
     """Ranks disagree about a message or a collective (size, dtype, shape, op, root, algorithm)."""
@@ -31,3 +33,19 @@ class RankError(RuntimeError):
         self.rank = rank
         self.errors = errors or {}
         self.exc = exc
+
+
+def process_state(pid: int) -> str | None:
+    """What the kernel says of process ``pid`` (Linux): "stopped", "gone", "running", or None if unknown.
+
+    A rank stopped by SIGSTOP (Ctrl-Z, a debugger) looks, from the board, like a rank busy in its own
+    code; reports ask the kernel to tell the two apart.
+    """
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return "gone" if os.path.isdir("/proc") else None
+    return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(state, "running")

@@ -32,7 +32,7 @@ from minidist.hardware.cluster import Cluster
 from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder, Trace
 from minidist.runtime import context, pickling, shm
-from minidist.runtime.errors import RankAborted, RankError
+from minidist.runtime.errors import RankAborted, RankError, process_state
 from minidist.runtime.transport import Transport
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -253,9 +253,11 @@ def _ask_where(procs, ranks, readers, handle, stacks, within: float = 0.5) -> No
                 handle(c)
 
 
-def _overstay(rank: int, why: str, board: shm.Board) -> str:
+def _overstay(rank: int, why: str, board: shm.Board, pid: int) -> str:
     state, _, desc = board.describe(rank)
     doing = f"waiting in {desc}" if state == shm.WAITING else "running its own code"
+    if process_state(pid) == "stopped":
+        doing = "stopped (SIGSTOP, Ctrl-Z or a debugger)"
     return f"rank {rank} was still {doing} at {why} and was stopped"
 
 
@@ -436,7 +438,8 @@ def launch(
                                or t_launch + (deadline or math.inf) <= first_done + timeout else
                                f"{timeout:g} s (the timeout) after rank {min(values)} returned")
                         for r in late:
-                            errors[r] = ("DeadlineExceeded", _overstay(r, why, board), stacks.get(r, ""), None)
+                            text = _overstay(r, why, board, procs[r].pid)
+                            errors[r] = ("DeadlineExceeded", text, stacks.get(r, ""), None)
                             order.append(r)
                         board.abort(f"the launcher stopped ranks {late}: they ran past {why}")
                         for b in bells:

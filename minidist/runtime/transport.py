@@ -36,7 +36,7 @@ from collections import deque
 import numpy as np
 
 from minidist.runtime import cma, shm
-from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted
+from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted, process_state
 from minidist.runtime.shm import (
     C_CMA,
     C_HEAD,
@@ -254,13 +254,13 @@ class Transport:
             self._probe_word = np.array([cma.MAGIC], np.int64)
             w = board.rec[rank]
             board.q[w + shm.R_PROBE] = self._probe_word.__array_interface__["data"][0]
-            board.q[w + shm.R_PID] = os.getpid()  # last: a pid says the probe word is in place
             self.scratch = np.empty(1 << 20, np.uint8)
             for p in range(W):  # peers that started before us; the others when their first message arrives
                 if p != rank:
                     self._probe(p)
         else:
             self.cma_in = [2] * W
+        board.q[board.rec[rank] + shm.R_PID] = os.getpid()  # last: a pid says the probe word is in place
 
     # -- cross-memory attach -------------------------------------------------------------------
     def peer_pid(self, r: int) -> int:
@@ -614,6 +614,7 @@ class Transport:
                 raise PeerExitedError(
                     f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
                     f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
+                    + self._unclaimed(op)
                 )
         if slow and self.coll is not None:  # stuck inside a collective: maybe because the ranks disagree
             ranks, key, seq, sig = self.coll
@@ -622,6 +623,22 @@ class Transport:
                 got = board.lookup_crc(r, key) if r != self.rank else None
                 if got is not None and got[0] == seq and got[1] != mine:
                     self._disagree(r, key, sig)
+
+    def _unclaimed(self, op) -> str:
+        """For a receive that will never complete: the tags of what its peer did send that nobody took."""
+        if not isinstance(op, RecvOp) or op.tag < 0:
+            return ""
+        tags = [s.hdr[0] for s in self.stash.get(op.peer, ()) if s.hdr[0] >= 0]
+        ctrl = self.in_ctrl[op.peer]
+        if self.tail[op.peer] < int(ctrl[C_HEAD]) and op.peer not in self.cur_in:  # a message nobody asked for
+            hoff = self.in_slots[op.peer][self.tail[op.peer] % self.nslots][0]
+            tag = HEADER.unpack_from(self.mv, hoff)[0]
+            if tag >= 0:
+                tags.append(tag)
+        if not tags:
+            return ""
+        return (f" (rank {op.peer} sent rank {self.rank} a message with tag {', '.join(map(str, tags))}, "
+                f"which no receive asked for: do the tags agree?)")
 
     def _disagree(self, r: int, key: int, sig: bytes):
         got = self.board.lookup(r, key)
@@ -705,6 +722,8 @@ class Transport:
             st, since, desc = self.board.describe(r)
             if st == shm.WAITING:
                 lines.append(f"rank {r} is waiting ({now - since:.1f} s) in {desc}")
+            elif process_state(self.peer_pid(r)) == "stopped":
+                lines.append(f"rank {r} is stopped (SIGSTOP, Ctrl-Z or a debugger): it cannot run until continued")
             elif st == shm.RUNNING:
                 lines.append(f"rank {r} is running its own code (not in a communication call)")
             else:
