@@ -419,3 +419,33 @@ def _one_rank_stops_itself():
 def test_a_stopped_rank_is_reported_as_stopped(no_leaks):
     with pytest.raises(RankError, match=r"rank 1 is stopped \(SIGSTOP, Ctrl-Z or a debugger\)"):
         launch(_one_rank_stops_itself, 2, timeout=1.0)
+
+
+def _both_receive_first():
+    dist.recv(np.zeros(1), 1 - dist.get_rank())
+
+
+def _groups_disagree():
+    r = dist.get_rank()
+    group = dist.new_group([0, 1] if r == 0 else [1, 2])  # rank 0 thinks it pairs with 1; 1 and 2 pair up
+    x = np.ones(3)
+    dist.all_reduce(x, group=group)
+    dist.all_reduce(x)  # 1 and 2 go on to the world's call; 0 is still in its own
+
+
+def test_a_receive_cycle_is_a_deadlock_found_in_seconds(no_leaks):
+    t0 = time.monotonic()
+    with pytest.raises(RankError, match=r"DeadlockError: deadlock: rank 0 waits in recv\(src=1, tag=0\) for rank 1; "
+                                        r"rank 1 waits in recv\(src=0, tag=0\) for rank 0"):
+        launch(_both_receive_first, 2, timeout=60)
+    assert time.monotonic() - t0 < 5  # not the 60 s timeout
+
+
+def test_ranks_that_disagree_about_a_group_are_told_so_in_seconds(no_leaks):
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_groups_disagree, 3, timeout=60)
+    assert time.monotonic() - t0 < 5
+    text = str(info.value).split("\n")[0]
+    assert "DeadlockError" in text and "on ranks [0, 1]" in text and "on ranks [0, 1, 2]" in text
+    assert "do the ranks agree about each group's membership?" in text

@@ -7,6 +7,7 @@ rank uses; ``transport`` moves the bytes; the simulated clocks and ledgers live 
 
 from minidist.runtime.errors import (
     CommTimeoutError,
+    DeadlockError,
     MismatchError,
     PeerExitedError,
     RankAborted,
@@ -18,6 +19,6 @@ from minidist.runtime.ops import ReduceOp
 from minidist.runtime.work import Work
 
 __all__ = [
-    "CommTimeoutError", "LaunchResult", "MismatchError", "PeerExitedError", "ProcessGroup", "RankAborted",
-    "RankError", "ReduceOp", "Work", "launch",
+    "CommTimeoutError", "DeadlockError", "LaunchResult", "MismatchError", "PeerExitedError", "ProcessGroup",
+    "RankAborted", "RankError", "ReduceOp", "Work", "launch",
 ]

@@ -17,6 +17,10 @@ class PeerExitedError(RuntimeError):
     """A rank waits for a peer that has already finished (or failed) and will never answer."""
 
 
+class DeadlockError(RuntimeError):
+    """Ranks wait for each other in a cycle: none of them can ever proceed (see deadlock.py)."""
+
+
 class RankAborted(RuntimeError):
     """Another rank failed, so this rank stops at its next communication call."""
 

@@ -35,8 +35,15 @@ from collections import deque
 
 import numpy as np
 
-from minidist.runtime import cma, shm
-from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, RankAborted, process_state
+from minidist.runtime import cma, deadlock, shm
+from minidist.runtime.errors import (
+    CommTimeoutError,
+    DeadlockError,
+    MismatchError,
+    PeerExitedError,
+    RankAborted,
+    process_state,
+)
 from minidist.runtime.shm import (
     C_CMA,
     C_HEAD,
@@ -552,9 +559,11 @@ class Transport:
                     if self.failed:
                         self._raise_failed(ops)
                     return
+        suspect = None
         try:
             while True:
-                self.progress()
+                if self.progress() and blocked:
+                    deadlock.moved(self.board, self.rank)
                 if self.failed:
                     self._raise_failed(ops)
                 if all(op.done for op in ops):
@@ -563,6 +572,8 @@ class Transport:
                 self._check_peers(ops, slow=now - t0 > 0.05)
                 if now >= deadline:
                     raise CommTimeoutError(self._report(ops, now - t0))
+                if described and now - t0 > 0.5:
+                    suspect = self._check_deadlock(suspect, now)
                 if not blocked:
                     blocked = True
                     self.board.set_waiting(self.rank, time.time())
@@ -575,6 +586,7 @@ class Transport:
                 if not described and now - t0 > 0.05:
                     described = True
                     self.board.set_desc(self.rank, self._what(ops))
+                    deadlock.publish_waits(self.board, self.rank, [op.peer for op in ops if not op.done])
                 self._sleep(min(deadline - now, 0.05 if not described else 0.25))
         finally:
             if blocked:
@@ -590,7 +602,23 @@ class Transport:
 
     def _what(self, ops) -> str:
         waiting = [op.describe() for op in ops if not op.done]
-        return ", ".join(waiting[:4]) + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
+        what = ", ".join(waiting[:4]) + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
+        if self.coll is not None:  # name the call and its group: ranks may disagree about either
+            what = f"{self.coll[3].decode(errors='replace')}: {what}"
+        return what
+
+    def _check_deadlock(self, suspect, now: float):
+        """Raise DeadlockError if a cycle of blocked ranks through this one has not moved since the last look.
+
+        Returns what to compare with at the next look (None: no cycle now).
+        """
+        cycle = deadlock.find_cycle(self.board, self.rank)
+        if cycle is None:
+            return None
+        snap = deadlock.snapshot(self.board, cycle)
+        if suspect is not None and suspect[0] == snap and now - suspect[1] >= 0.3:
+            raise DeadlockError(deadlock.describe(self.board, cycle))
+        return suspect if suspect is not None and suspect[0] == snap else (snap, now)
 
     def _check_peers(self, ops, slow: bool = True) -> None:
         """Turn a wait that can never end into an error: another rank failed, finished or disagrees.
@@ -668,7 +696,7 @@ class Transport:
         mine = zlib.crc32(sig)
         todo = [r for r in ranks if r != me]
         t0 = time.monotonic()
-        blocked = False
+        blocked, suspect = False, None
         try:
             while True:
                 late = []
@@ -700,10 +728,14 @@ class Transport:
                     if self.spin and now - t0 < self.spin:
                         continue
                     blocked = True
-                    board.set_state(me, shm.WAITING, time.time(), f"{what} (waiting for ranks {late} to join)")
+                    board.set_state(me, shm.WAITING, time.time(),
+                                    f"{sig.decode(errors='replace')}: waiting for ranks {late} to join")
+                    deadlock.publish_waits(board, me, late)
                     board.set_napping(me, True)
                     fence()
                     continue  # look once more now that peers can see we sleep: no lost wake-up
+                if now - t0 > 0.5:
+                    suspect = self._check_deadlock(suspect, now)
                 self._sleep(min(self.timeout - (now - t0), 0.25))
         finally:
             if blocked:
