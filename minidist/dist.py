@@ -22,7 +22,7 @@ __all__ = [
     "ReduceOp", "Work", "ProcessGroup", "get_rank", "get_world_size", "is_initialized", "new_group",
     "get_group_rank", "get_global_rank", "send", "recv", "isend", "irecv", "now", "compute", "memory", "cluster",
     "broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh",
+    "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh", "progress",
 ]
 
 
@@ -169,6 +169,13 @@ def compute(flops: float = 0.0, bytes: float = 0.0, name: str = "compute", dtype
         clock.charge_compute_seconds(name, seconds)
         return float(seconds)
     return clock.charge_compute(name, flops, bytes, dtype)
+
+
+def progress(done: int, total: int, what: str = "step") -> None:
+    """Report that this rank has done ``done`` of ``total`` units of work (shown while the launch runs)."""
+    report = getattr(current("md.dist.progress"), "report_progress", None)
+    if report is not None:
+        report(int(done), int(total), str(what))
 
 
 def memory():

@@ -136,8 +136,9 @@ def test_notebook_cell_function_under_spawn(tmp_path):
     path = tmp_path / "spawn.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK_CELL)]), path)
     outputs = run_notebook(path, timeout=120).cells[0].outputs
-    assert [o.get("output_type") for o in outputs] == ["stream"], outputs
-    assert outputs[0]["text"] == "[2.0, 5.0]\n"
+    streams = [o for o in outputs if o.get("output_type") == "stream"]
+    assert [o.get("output_type") for o in outputs] == ["display_data", "stream"], outputs  # live area, then text
+    assert streams[0]["text"] == "[2.0, 5.0]\n"
 
 
 def test_unpicklable_function_under_spawn_is_refused_before_starting(no_leaks):

@@ -128,6 +128,7 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
             del losses[step - start:], windows[step - start:]
             continue
         step += 1
+        dist.progress(step, steps, "step")
         if keeper.due(step):
             keeper.save(step, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows), "lead": lead})
     keeper.finish()

@@ -11,7 +11,6 @@ shared-memory segment survives the call (nor a KeyboardInterrupt).
 
 from __future__ import annotations
 
-import io
 import math
 import numbers
 import os
@@ -33,6 +32,7 @@ from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder, Trace
 from minidist.runtime import context, pickling, shm
 from minidist.runtime.errors import RankAborted, RankError, process_state
+from minidist.runtime.live import LiveView, RankStream
 from minidist.runtime.transport import Transport
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -136,17 +136,19 @@ def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, 
         fn, args, kwargs = pickling.loads(fn)
     layout = shm.Layout(world, *layout_args)
     mm = shm.attach(seg, layout.size) if isinstance(seg, str) else seg
-    conn.send_bytes(dill.dumps(("ready", rank)))
-    signal.signal(signal.SIGUSR1, lambda signum, frame: _send_stack(conn, rank, frame))
+    pipe = _Pipe(conn)
+    pipe.send(("ready", rank))
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _send_stack(pipe, rank, frame))
     board = shm.Board(mm, layout)
     recorder = Recorder(rank)
     clock = Clock(rank, cluster, recorder)
     ledger = MemoryLedger(cluster.hbm, rank)
     transport = Transport(rank, mm, layout, bells, board, clock, timeout)
     ctx = context.RankContext(rank, world, cluster, clock, ledger, transport, timeout)
+    ctx.report_progress = lambda done, total, what: pipe.send(("progress", rank, done, total, what))
     context.set_current(ctx)
     set_cost_hook(clock.hook)
-    out = io.StringIO()
+    out = RankStream(lambda text: pipe.send(("out", rank, text)))
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = out
     try:
@@ -176,7 +178,7 @@ def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, 
         sys.stdout, sys.stderr = saved
         set_cost_hook(None)
         context.set_current(None)
-    conn.send_bytes(data)
+    pipe.send_raw(data)
     conn.close()
 
 
@@ -229,13 +231,32 @@ class _Interrupts:
             raise KeyboardInterrupt
 
 
-def _send_stack(conn, rank: int, frame) -> None:
+class _Pipe:
+    """A rank's messages to the launcher; a message asked for by a signal never cuts into another."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.busy = conn, False
+
+    def send(self, msg) -> None:
+        self.send_raw(dill.dumps(msg))
+
+    def send_raw(self, data: bytes, from_signal: bool = False) -> None:
+        if self.busy and from_signal:
+            return  # the handler interrupted a send: skip this report rather than corrupt the stream
+        self.busy = True
+        try:
+            self.conn.send_bytes(data)
+        finally:
+            self.busy = False
+
+
+def _send_stack(pipe: _Pipe, rank: int, frame) -> None:
     """Tell the launcher where this rank is (it asks when the rank overstays the launch's limits)."""
     frames = traceback.extract_stack(frame)
     ours = [i for i, f in enumerate(frames) if f.filename == __file__]
     mine = frames[ours[-1] + 1 if ours else 0 :][-8:]  # the rank's own frames, below _rank_main
     try:
-        conn.send_bytes(dill.dumps(("stack", rank, "".join(traceback.format_list(mine)))))
+        pipe.send_raw(dill.dumps(("stack", rank, "".join(traceback.format_list(mine)))), from_signal=True)
     except Exception:
         pass
 
@@ -259,14 +280,6 @@ def _overstay(rank: int, why: str, board: shm.Board, pid: int) -> str:
     if process_state(pid) == "stopped":
         doing = "stopped (SIGSTOP, Ctrl-Z or a debugger)"
     return f"rank {rank} was still {doing} at {why} and was stopped"
-
-
-def _print_grouped(stdout: dict[int, str]) -> None:
-    for r in sorted(stdout):
-        text = stdout[r]
-        if text:
-            lines = text.rstrip("\n").split("\n")
-            print("\n".join(f"[rank {r}] {line}" for line in lines), flush=True)
 
 
 def _failure(errors: dict, order: list[int]) -> RankError:
@@ -315,7 +328,8 @@ def launch(
     return too. ``deadline`` (seconds, default none) bounds the whole launch. A rank that overstays
     either limit is stopped and reported with the line it was running. ``start_method`` is "fork"
     (default on Linux: fast) or "spawn".
-    Printed output is shown grouped by rank after the run (``quiet=True`` keeps it in
+    What ranks print is shown as it happens in a long launch and grouped by rank otherwise, with the
+    progress ranks report through ``md.dist.progress`` (see live.py; ``quiet=True`` keeps the output in
     ``result.stdout`` only). Raises RankError if any rank raises.
     """
     if context.in_rank():
@@ -355,6 +369,7 @@ def launch(
         board = shm.Board(mm, layout)
         bells = [mp.Semaphore(0) for _ in range(world_size)]
         values, times, memory, events, stdout, errors, order = {}, {}, {}, {}, {}, {}, []
+        live = LiveView(world_size, quiet)
         try:
             saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
             if not fork:
@@ -402,6 +417,10 @@ def launch(
                     first_done = time.monotonic() if first_done is None else first_done
                 elif msg[0] == "stack":
                     stacks[r] = msg[2]
+                elif msg[0] == "out":
+                    live.output(r, msg[2])
+                elif msg[0] == "progress":
+                    live.report(r, *msg[2:])
                 else:
                     _, _, ename, emsg, tb, exc, stdout[r], times[r] = msg
                     errors[r] = (ename, emsg, tb, exc)
@@ -482,8 +501,7 @@ def launch(
                 c.close()
             seg.unlink()
             del board
-    if not quiet:
-        _print_grouped(stdout)
+    live.close(stdout)
     if errors:
         for r in range(world_size):
             if r not in values and r not in errors:
