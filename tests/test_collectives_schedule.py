@@ -18,7 +18,7 @@ def _traced_all_reduce(algorithm: str, m: int):
     x = np.full(p * m, 1 << r, np.int64)  # chunk j is x[j*m:(j+1)*m]
     base = x.__array_interface__["data"][0]
     sends, snapshots = [], []
-    isend, wait = Comm.isend, Comm.wait
+    isend, wait, sendrecv = Comm.isend, Comm.wait, Comm.sendrecv
 
     def chunk_of(buf):
         return (buf.__array_interface__["data"][0] - base) // (m * x.itemsize)
@@ -31,11 +31,16 @@ def _traced_all_reduce(algorithm: str, m: int):
         wait(self, *handles)
         snapshots.append(x.copy())
 
-    Comm.isend, Comm.wait = traced_isend, traced_wait
+    def traced_sendrecv(self, sendbuf, dst, recvbuf, src, tag=0, op=None):
+        sends.append((self.ranks[dst], int(chunk_of(sendbuf)), sendbuf.size))
+        sendrecv(self, sendbuf, dst, recvbuf, src, tag, op)
+        snapshots.append(x.copy())
+
+    Comm.isend, Comm.wait, Comm.sendrecv = traced_isend, traced_wait, traced_sendrecv
     try:
         dist.all_reduce(x, algorithm=algorithm)
     finally:
-        Comm.isend, Comm.wait = isend, wait
+        Comm.isend, Comm.wait, Comm.sendrecv = isend, wait, sendrecv
     return sends, snapshots, x
 
 

@@ -5,6 +5,8 @@
   the same bytes, reductions, tag matching and refusals.
 * Collectives whose every rank hears from every rank skip the board comparison after the data moved;
   a disagreement must still raise on every rank.
+* A collective's small exchange step writes and takes its messages straight from the slots
+  (``Transport.sendrecv_small``): the same results, simulated times and trace as the queued path.
 """
 
 import numpy as np
@@ -139,3 +141,47 @@ def test_disagreement_raises_on_every_rank_without_the_board_check(coll):
     for r, (name, msg, _) in errors.items():
         assert name == "MismatchError", (r, name, msg)
         assert "rank 1 called" in msg and "(6,)" in msg, msg
+
+
+_FAST_HITS: list[bool] = []  # filled inside each (forked) rank
+
+
+def _mixed_collectives(seed: int):
+    rng = np.random.default_rng([seed, dist.get_rank()])
+    out = []
+    for algorithm in ("ring", "recursive_doubling", "halving_doubling", None):
+        for n in (1, 7, 256, 70_000):  # 70,000 float64s: larger than a slot, the queued path
+            x = rng.standard_normal(n)
+            dist.all_reduce(x, algorithm=algorithm)
+            out.append(x)
+    y = np.empty(4 * dist.get_world_size())
+    dist.all_gather_into_tensor(y, rng.standard_normal(4))
+    z = np.empty(3 * dist.get_world_size())
+    dist.all_to_all_single(z, rng.standard_normal(3 * dist.get_world_size()))
+    return out + [y, z, dist.now()], sum(_FAST_HITS)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_small_exchange_fast_path_changes_nothing_but_cpu(monkeypatch, p):
+    from minidist.runtime.transport import Transport
+
+    fast = Transport.sendrecv_small
+
+    def counted(self, *args, **kwargs):
+        got = fast(self, *args, **kwargs)
+        _FAST_HITS.append(got is not None)
+        return got
+
+    monkeypatch.setattr(Transport, "sendrecv_small", counted)
+    with_fast = launch(_mixed_collectives, p, args=(1,))
+    assert all(hits >= 10 for _, hits in with_fast)  # the small steps did take the fast path
+    monkeypatch.setattr(Transport, "sendrecv_small", lambda self, *a, **k: None)
+    queued = launch(_mixed_collectives, p, args=(1,))
+    assert all(hits == 0 for _, hits in queued)
+    for (a, _), (b, _) in zip(with_fast, queued):
+        assert a[-1] > 0
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(u, v)  # bitwise, and the same simulated time
+    assert with_fast.times == queued.times
+    assert [(e.rank, e.stream, e.name, e.start, e.end) for e in with_fast.trace] == \
+        [(e.rank, e.stream, e.name, e.start, e.end) for e in queued.trace]

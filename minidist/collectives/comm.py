@@ -80,9 +80,16 @@ class Comm:
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int, tag: int = 0,
                  op: ReduceOp | None = None) -> None:
         """Send to ``dst`` and receive (or reduce, with ``op``) from ``src`` at the same time."""
-        r = self.irecv(recvbuf, src, tag, op)
-        s = self.isend(sendbuf, dst, tag)
-        self.wait(s, r)
+        tp, ufunc, t0 = self._tp, None if op is None else op.ufunc, self._cursor.t
+        peer_out, peer_in, wire_tag = self.ranks[dst], self.ranks[src], self._tag(tag)
+        t = tp.sendrecv_small(sendbuf, peer_out, recvbuf, peer_in, wire_tag, t0, self._sig, self.name, ufunc)
+        if t is None:  # too large, or other messages in flight: the queued path
+            r = tp.irecv(recvbuf, peer_in, wire_tag, t0, ufunc, self._sig, self.name)
+            s = tp.isend(sendbuf, peer_out, wire_tag, t0, self._sig, self.name, True)
+            tp.wait([s, r])
+            t = s.end if s.end > r.end else r.end
+        if t > t0:
+            self._cursor.t = t
 
     # -- structure ---------------------------------------------------------------------------
     def sub(self, members: Sequence[int]) -> Comm:
