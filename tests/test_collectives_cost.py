@@ -225,3 +225,34 @@ def test_hierarchical_all_reduce_equals_the_two_level_formula(gpus_per_node):
         assert dt == pytest.approx(want, rel=REL), (gpus_per_node, p, n, dt, want)
         checked += 1
     assert checked >= 6
+
+
+BIG_BLOCK = 1_100_000  # float32s per block: 4.4 MB, larger than a channel, so read in place (cma.py)
+
+
+def _large_blocks():
+    p, r = dist.get_world_size(), dist.get_rank()
+    x = (np.arange(p * BIG_BLOCK, dtype=np.float32) % 1000) + 1000 * r  # block j goes to rank j
+    out = np.empty_like(x)
+    t0 = dist.now()
+    dist.all_to_all_single(out, x, algorithm="pairwise")
+    t_a2a = dist.now() - t0
+    y = np.empty(p * BIG_BLOCK, np.float32)
+    t0 = dist.now()
+    dist.all_gather_into_tensor(y, x[:BIG_BLOCK], algorithm="ring")
+    return out, y, t_a2a, dist.now() - t0
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_blocks_read_in_place_keep_results_and_the_formula(p):
+    """Large all-to-all blocks are received posted-early and the all-gather copies its own block while
+    the neighbour reads it: the bytes and the simulated times must be those of the plain schedule."""
+    res = launch(_large_blocks, p, cluster=Cluster.uniform(ALPHA, BETA), timeout=120)
+    base = np.arange(p * BIG_BLOCK, dtype=np.float32) % 1000
+    blocks = [base[j * BIG_BLOCK : (j + 1) * BIG_BLOCK] for j in range(p)]
+    for r, (out, y, t_a2a, t_ag) in enumerate(res):
+        np.testing.assert_array_equal(out, np.concatenate([blocks[r] + 1000 * j for j in range(p)]))
+        np.testing.assert_array_equal(y, np.concatenate([blocks[0] + 1000 * j for j in range(p)]))
+        nbytes = 4 * p * BIG_BLOCK
+        assert t_a2a == pytest.approx(collective_time("all_to_all", nbytes, p, ALPHA, BETA, "pairwise"), rel=REL)
+        assert t_ag == pytest.approx(collective_time("all_gather", nbytes, p, ALPHA, BETA, "ring"), rel=REL)

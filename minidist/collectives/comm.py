@@ -34,6 +34,11 @@ class Comm:
         self.cluster: Cluster = ctx.cluster
         self._cursor, self._tag_base, self._sig, self.name = cursor, tag_base, sig, name
 
+    @property
+    def in_place_bytes(self) -> int:
+        """Messages larger than this are read by the receiver straight from the sender's buffer (cma.py)."""
+        return self._tp.rendezvous_bytes
+
     # -- time ------------------------------------------------------------------------------
     @property
     def now(self) -> float:
@@ -90,6 +95,22 @@ class Comm:
             t = s.end if s.end > r.end else r.end
         if t > t0:
             self._cursor.t = t
+
+    def sendrecv_during(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int, local) -> None:
+        """``sendrecv`` with ``local()`` (say, copying this rank's own block) done while the messages move.
+
+        A message larger than a channel is read by the receiver straight from ``sendbuf`` (cma.py), so
+        the copy runs at the same time as the peer's read instead of before it. Small messages gain
+        nothing from that: they do the local work first and take the fast exchange.
+        """
+        if sendbuf.nbytes <= self.in_place_bytes:
+            local()
+            self.sendrecv(sendbuf, dst, recvbuf, src)
+            return
+        r = self.irecv(recvbuf, src)
+        s = self.isend(sendbuf, dst)
+        local()
+        self.wait(s, r)
 
     # -- structure ---------------------------------------------------------------------------
     def sub(self, members: Sequence[int]) -> Comm:

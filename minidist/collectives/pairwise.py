@@ -20,7 +20,36 @@ from minidist.collectives.comm import Comm
 @register("all_to_all", "pairwise")
 def all_to_all(c: Comm, outs: list, ins: list) -> None:
     p, r = c.size, c.rank
-    outs[r][...] = ins[r]
+
+    def keep_own() -> None:
+        outs[r][...] = ins[r]
+
+    if p == 1:
+        keep_own()
+        return
+    if max(b.nbytes for b in ins) > c.in_place_bytes:
+        _posted_early(c, outs, ins, keep_own)
+        return
     for k in range(1, p):
         dst, src = (r + k) % p, (r - k) % p
-        c.sendrecv(ins[dst], dst, outs[src], src)
+        if k == 1:
+            c.sendrecv_during(ins[dst], dst, outs[src], src, keep_own)
+        else:
+            c.sendrecv(ins[dst], dst, outs[src], src)
+
+
+def _posted_early(c: Comm, outs: list, ins: list, keep_own) -> None:
+    """The same steps with every receive posted first, as MPI libraries do for large blocks.
+
+    Each block is then read from its sender's memory as soon as the sender starts step k, instead of
+    when the receiver reaches step k: on fewer cores than ranks that removes a wait per step. The
+    simulated schedule is unchanged: step k still starts when step k-1 ended (``wait`` moves the
+    cursor to the latest of the step's completions and the cursor).
+    """
+    p, r = c.size, c.rank
+    recvs = {k: c.irecv(outs[(r - k) % p], (r - k) % p) for k in range(1, p)}
+    for k in range(1, p):
+        send = c.isend(ins[(r + k) % p], (r + k) % p)
+        if k == 1:
+            keep_own()
+        c.wait(send, recvs[k])

@@ -80,8 +80,18 @@ def reduce_scatter(c: Comm, out: np.ndarray, ins: list, op: ReduceOp) -> None:
 
 @register("all_gather", "ring")
 def all_gather(c: Comm, outs: list, inp: np.ndarray) -> None:
-    outs[c.rank][...] = inp
-    all_gather_phase(c, outs, shift=-1)
+    p, r = c.size, c.rank
+
+    def keep_own() -> None:
+        outs[r][...] = inp
+
+    if p == 1:
+        keep_own()
+        return
+    # step 0 sends our input itself, so copying it into our own block overlaps the neighbour's read
+    c.sendrecv_during(inp, (r + 1) % p, outs[(r - 1) % p], (r - 1) % p, keep_own)
+    for k in range(1, p - 1):  # then the ring goes on as all_gather_phase(shift=-1) does
+        c.sendrecv(outs[(r - k) % p], (r + 1) % p, outs[(r - k - 1) % p], (r - 1) % p)
 
 
 @register("broadcast", "ring")
