@@ -141,3 +141,17 @@ __all__ = [
     "training_time", "transformer_params", "ulysses_bytes_per_layer", "young_daly_interval", "zero3_comm_time",
     "zero_comm_bytes", "zero_memory_reduction"
 ]
+
+
+def _refuse_non_finite() -> None:
+    import inspect
+
+    from minidist.estimate._check import finite_numbers
+
+    for name in __all__:
+        fn = globals()[name]
+        if inspect.isfunction(fn):
+            globals()[name] = finite_numbers(fn)
+
+
+_refuse_non_finite()

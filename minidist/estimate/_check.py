@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import numbers
 
 
 def nonnegative(fn: str, name: str, value: float) -> float:
@@ -38,3 +41,23 @@ def choice(fn: str, name: str, value, options) -> object:
     if value not in options:
         raise ValueError(f"{fn}: unknown {name} {value!r}; expected one of {sorted(map(str, options))}")
     return value
+
+
+def finite_numbers(fn):
+    """Wrap a public function so that a NaN or infinite number among its arguments is refused by name.
+
+    The formulas would otherwise return NaN, or fail deep inside with ZeroDivisionError or OverflowError
+    that name neither the function nor the argument. Applied once to every exported function (see
+    ``__init__.py``); the modules call each other unwrapped, so the planner's inner loops pay nothing.
+    """
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        for name, value in sig.bind(*args, **kwargs).arguments.items():
+            for v in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(v, numbers.Real) and not isinstance(v, bool) and not math.isfinite(v):
+                    raise ValueError(f"{fn.__name__}: {name} must be a finite number, got {value!r}")
+        return fn(*args, **kwargs)
+
+    return checked
