@@ -5,8 +5,9 @@ all-reduce buffer, the all-gather output, what each rank holds for all-to-all), 
 is the mean time per call over a timed loop after a warm-up, taken on the slowest rank. MPICH runs
 as ``mpiexec -n N python worker.py`` from this interpreter's bin directory; minidist uses its default
 algorithm choice (and, at 64 MB, the ring and halving-doubling explicitly). Targets (DESIGN.md):
-64 MB at least as fast as MPICH, 1 KB within 3x of MPICH's latency, launch + barrier of 8 ranks
-well under a second.
+all_reduce, all_gather and all_to_all at 64 MB at least as fast as MPICH, a 1 KB all_reduce within 3x
+of MPICH's latency (or as close as a pure-Python call path gets: the CPU each call costs a rank is
+printed beside it), launch + barrier of 8 ranks well under a second.
 
 On a shared machine one run proves little, so MPICH and minidist alternate ``MINIDIST_BENCH_REPEATS``
 times (default 3) and the table shows medians; the ratio column is the median of the per-repetition
@@ -195,8 +196,8 @@ def main() -> None:
                 print(f"{op:11} {_fmt_size(n):>6} {t * 1e6:9.1f}us {mt} {ratio} {cpu * 1e6:10.1f}us")
                 if r is not None and op == "all_reduce" and n == SIZES[0]:
                     verdicts.append((f"{p} ranks {_fmt_size(n)} all_reduce within 3x of MPICH", r <= 3.0, r))
-                if r is not None and op == "all_reduce" and n == SIZES[-1]:
-                    verdicts.append((f"{p} ranks {_fmt_size(n)} all_reduce at least as fast as MPICH", r <= 1.0, r))
+                if r is not None and n == SIZES[-1]:
+                    verdicts.append((f"{p} ranks {_fmt_size(n)} {op} at least as fast as MPICH", r <= 1.0, r))
         for alg in ("ring", "halving_doubling"):
             t = statistics.median(d["all_reduce", SIZES[-1], alg][0] for d in mds)
             rs = _ratios(mds, mpis, ("all_reduce", SIZES[-1], alg), ("all_reduce", SIZES[-1]))
