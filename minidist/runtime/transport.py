@@ -58,18 +58,29 @@ from minidist.runtime.shm import (
     SIG_MAX,
 )
 
+SPIN_US = 50.0  # default poll before sleeping, when every rank has a core of its own
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
 
 def spin_seconds(world: int) -> float:
-    """How long a waiting rank polls before it sleeps on its doorbell: 0 (never) unless asked.
+    """How long a waiting rank polls before it sleeps on its doorbell.
 
-    Sleeping on the semaphore costs a scheduler wake-up (tens of microseconds) per message; a short
-    bounded poll can avoid it for small messages when every rank has an idle core of its own.
-    ``MINIDIST_SPIN_US=50`` turns it on (ignored when ranks outnumber cores).
+    Sleeping on the semaphore costs a wake-up (tens of microseconds of CPU on both sides) per message;
+    like MPI, a rank that has a core of its own polls briefly first (``SPIN_US``), and never when ranks
+    outnumber cores (a polling rank would then take the core its peer needs). ``MINIDIST_SPIN_US``
+    sets the poll (0: always sleep at once).
     """
     env = os.environ.get("MINIDIST_SPIN_US")
-    if not env or world > (os.cpu_count() or 1):
+    spin = SPIN_US if env is None or env == "" else float(env)
+    if world > _cores():
         return 0.0
-    return max(0.0, float(env)) * 1e-6
+    return max(0.0, spin) * 1e-6
 
 
 _FENCE = threading.Lock()
@@ -399,6 +410,12 @@ class Transport:
         if ctrl[C_RWANT]:
             self.bells[dst].release()
         done = self._take_small(rbuf, src, tag, ready, sig, ufunc)
+        if done is None and self.spin:  # the peer is usually a few microseconds behind: poll its head word
+            rctrl, tail = self.in_ctrl[src], self.tail[src]
+            until = time.monotonic() + self.spin
+            while int(rctrl[C_HEAD]) <= tail and time.monotonic() < until:
+                pass
+            done = self._take_small(rbuf, src, tag, ready, sig, ufunc)
         if done is None:  # not there yet, or not what we expect: the general path waits and explains
             op = self.irecv(rbuf, src, tag, ready, ufunc, sig, name)
             self.wait([op])
