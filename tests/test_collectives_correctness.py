@@ -159,3 +159,16 @@ def test_every_algorithm_matches_numpy(p):
     cluster = Cluster(gpus_per_node=4 if p == 8 else 2)
     res = launch(_world, p, args=(p,), cluster=cluster, timeout=120)
     assert min(res) > 500
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_every_algorithm_when_every_message_is_read_in_place(monkeypatch, p):
+    """Sends read in place complete only when their receiver has read them (no buffering): an algorithm
+    that relied on a send completing before its peer posts the receive would deadlock here."""
+    from minidist.runtime import cma, transport
+
+    if not cma.enabled():
+        pytest.skip("cross-memory attach is not available on this machine")
+    monkeypatch.setattr(transport, "RENDEZVOUS_BYTES", 0)
+    res = launch(_world, p, args=(p,), cluster=Cluster(gpus_per_node=2), timeout=60)
+    assert min(res) > 500

@@ -45,8 +45,10 @@ The functions and what they receive (arrays are C-contiguous; ``root`` is a grou
   ``op`` the receive reduces into ``buf`` straight from shared memory (no temporary). ``buf`` must be
   C-contiguous (a slice of a flat buffer is); do not touch a send buffer until it is waited. A
   send handle completes (in real time) once its bytes are in the channel, it does not wait for the
-  receiver (except for a message larger than the whole channel, which the receiver reads straight
-  from the sender's buffer: that send completes when the read is done); every message carries the
+  receiver (except for a message above ``transport.RENDEZVOUS_BYTES``, 256 KB, which the receiver
+  reads straight from the sender's buffer: that send completes when the read is done, so an
+  algorithm must never need a send to finish before its peer posts the receive; a test runs every
+  algorithm with every message read that way); every message carries the
   call's signature, so a disagreeing receiver refuses the data and every rank raises;
 * ``c.wait(*handles)`` blocks until they complete and moves the cursor ``c.now`` to the latest
   completion. ``c.send``, ``c.recv`` and ``c.sendrecv(sendbuf, dst, recvbuf, src, tag=0, op=None)``

@@ -54,8 +54,8 @@ class Comm:
     def isend(self, buf: np.ndarray, peer: int, tag: int = 0):
         """Start sending ``buf`` (C-contiguous; do not modify it until waited) to group rank ``peer``.
 
-        The handle completes once the bytes are in the channel; a message larger than a whole channel
-        is read by the receiver straight from ``buf``, so its handle completes when that read is done.
+        The handle completes once the bytes are in the channel; a message above ``in_place_bytes`` is
+        read by the receiver straight from ``buf``, so its handle completes when that read is done.
         """
         return self._tp.isend(buf, self.ranks[peer], self._tag(tag), self._cursor.t, self._sig, self.name, True)
 
