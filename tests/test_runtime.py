@@ -318,6 +318,18 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+def _launching(tmp_path, method: str):
+    """Start a script that launches 3 sleeping ranks; return it once it is about to call launch, and the
+    marker its environment (hence every rank's) carries."""
+    script = tmp_path / "launching.py"
+    script.write_text(INTERRUPTED)
+    marker = f"MINIDIST_TEST_{os.getpid()}_{time.monotonic_ns()}"
+    proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker})
+    assert proc.stdout.readline() == b"launching\n"
+    return proc, marker
+
+
 @pytest.mark.parametrize("method, delays", [
     ("fork", [i * 0.005 for i in range(0, 24, 3)]),
     ("spawn", [0.0, 0.05, 0.15, 0.3]),
@@ -327,13 +339,8 @@ def _processes_with(marker: str) -> list[int]:
 def test_interrupt_at_any_moment_of_a_launch(tmp_path, method, delays):
     """SIGINT (what Ctrl-C and Jupyter's interrupt send) at any moment of a launch, ranks starting or running:
     KeyboardInterrupt within 1 s, and no rank process or shared-memory segment left."""
-    script = tmp_path / "interrupted.py"
-    script.write_text(INTERRUPTED)
-    for i, delay in enumerate(delays):
-        marker = f"MINIDIST_TEST_{os.getpid()}_{i}_{time.monotonic_ns()}"
-        proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker})
-        assert proc.stdout.readline() == b"launching\n"
+    for delay in delays:
+        proc, marker = _launching(tmp_path, method)
         time.sleep(delay)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -394,13 +401,8 @@ def test_deadline_bounds_a_launch_whose_ranks_all_compute(no_leaks):
 def test_a_killed_parent_leaves_no_rank_and_no_segment(tmp_path, method, delays):
     """SIGKILL the launching process at any moment: its ranks die with it (even one that had not yet
     asked the kernel to), and the segment a spawned launch must keep named is unlinked for it."""
-    script = tmp_path / "killed.py"
-    script.write_text(INTERRUPTED)
-    for i, delay in enumerate(delays):
-        marker = f"MINIDIST_TEST_{os.getpid()}_{i}_{time.monotonic_ns()}"
-        proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker})
-        assert proc.stdout.readline() == b"launching\n"
+    for delay in delays:
+        proc, marker = _launching(tmp_path, method)
         time.sleep(delay)
         proc.kill()
         proc.communicate()
