@@ -41,7 +41,22 @@ def _plan_run(args: argparse.Namespace) -> int:
     print(E.format_table(best))
     if m.published_layout:
         print(f"published layout: {m.published_layout}")
+    print(f"the top layout, as the trainer takes it (the same mesh; the trainer's dp excludes ep):\n  "
+          f"{runnable_config(best[0])}")
     return 0
+
+
+def runnable_config(estimate) -> str:
+    """``md.parallel.ParallelConfig(...)`` for a planned layout, naming only the fields that differ from the
+    defaults: pasted into a notebook it runs the layout (on a model small enough for the simulator)."""
+    import dataclasses
+
+    from minidist.parallel import ParallelConfig
+
+    pc = ParallelConfig.from_layout(estimate)
+    fields = [f"{f.name}={getattr(pc, f.name)!r}" for f in dataclasses.fields(pc)
+              if f.init and getattr(pc, f.name) != f.default]
+    return f"md.parallel.ParallelConfig({', '.join(fields)})"
 
 
 def _models_args(p: argparse.ArgumentParser) -> None:

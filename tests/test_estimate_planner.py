@@ -100,6 +100,13 @@ def test_cli_plan_prints_a_table(capsys):
     assert main(["plan", "--model", "llama3_8b", "--gpus", "64", "--cluster", "dgx-h100", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "MFU" in out and "llama3_8b" in out and len(out.splitlines()) >= 6
+    # the last line is the top layout as a config the trainer runs: evaluating it gives that config
+    import minidist as md
+    from minidist.parallel import ParallelConfig
+
+    top = E.plan("llama3_8b", "dgx-h100", 64, top=1)[0]
+    shown = eval(out.strip().splitlines()[-1].strip(), {"md": md})
+    assert shown == ParallelConfig.from_layout(top) and shown.world_size == 64
 
 
 def test_cli_reports_bad_names(capsys):
