@@ -2,11 +2,12 @@
 
 The parent creates the shared segment and one doorbell semaphore per rank, starts the ranks with
 the ``multiprocess`` package (dill pickling, so a function typed in a notebook cell works) and
-waits for their reports on pipes. Each rank captures its printed output and sends back its return
-value, simulated time, memory ledger and trace events; the parent prints the output grouped by
-rank. Failures end quickly and cleanly: the first exception aborts every other rank at its next
-communication call, the parent re-raises it with the failing rank's traceback, and no process or
-shared-memory segment survives the call (nor a KeyboardInterrupt).
+waits for their reports on pipes. Each rank (``rank_process.py``) captures its printed output and
+sends back its return value, simulated time, memory ledger and trace events; the parent shows the
+output as it comes (``live.py``). Failures end quickly and cleanly: the first exception aborts every
+other rank at its next communication call, the parent re-raises it with the failing rank's
+traceback, a rank that overstays the launch's limits is stopped and reported with the line it was
+on, and no process or shared-memory segment survives the call (nor a Ctrl-C, nor a killed parent).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 
 import dill
@@ -25,15 +25,12 @@ import multiprocess
 from multiprocess import resource_tracker
 from multiprocess.connection import wait as mp_wait
 
-from minidist.autograd.cost import set_cost_hook
-from minidist.hardware.clock import Clock
 from minidist.hardware.cluster import Cluster
-from minidist.hardware.memory import MemoryLedger
-from minidist.hardware.trace import Recorder, Trace
+from minidist.hardware.trace import Trace
 from minidist.runtime import context, pickling, shm
-from minidist.runtime.errors import RankAborted, RankError, process_state
-from minidist.runtime.live import LiveView, RankStream
-from minidist.runtime.transport import Transport
+from minidist.runtime.errors import RankError, process_state
+from minidist.runtime.live import LiveView
+from minidist.runtime.rank_process import rank_main
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one rank has failed
@@ -64,44 +61,6 @@ class LaunchResult(Sequence):
         return f"LaunchResult({self.values!r}, time={self.time:.6g} s)"
 
 
-def _limit_blas_threads() -> None:
-    """One BLAS thread per rank, so 8 ranks do not fight over 2 cores."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as f:
-            libs = {line.split()[-1] for line in f if "blas" in line.lower() and "/" in line}
-    except OSError:
-        return
-    for lib in libs:
-        try:
-            dll = ctypes.CDLL(lib)
-        except OSError:
-            continue
-        for sym in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
-                    "scipy_openblas_set_num_threads"):
-            fn = getattr(dll, sym, None)
-            if fn is not None:
-                fn(1)
-                break
-
-
-def _die_with_parent(parent: int) -> None:
-    """Linux: the kernel kills this rank if the parent dies (no orphans after a SIGKILL).
-
-    A parent that died before the request was made is not covered by it: then we are already
-    somebody else's child, and leave at once.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 class _Segment:
     """The launch's shared-memory segment, unlinked exactly once.
 
@@ -126,60 +85,6 @@ class _Segment:
             if self.tracked:
                 resource_tracker.unregister(self.name, "shared_memory")
             self.name = None
-
-
-def _rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, conn, timeout, parent):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tears us down
-    _die_with_parent(parent)
-    _limit_blas_threads()
-    if isinstance(fn, bytes):  # spawned: the function and its arguments travel by value (pickling.py)
-        fn, args, kwargs = pickling.loads(fn)
-    layout = shm.Layout(world, *layout_args)
-    mm = shm.attach(seg, layout.size) if isinstance(seg, str) else seg
-    pipe = _Pipe(conn)
-    pipe.send(("ready", rank))
-    signal.signal(signal.SIGUSR1, lambda signum, frame: _send_stack(pipe, rank, frame))
-    board = shm.Board(mm, layout)
-    recorder = Recorder(rank)
-    clock = Clock(rank, cluster, recorder)
-    ledger = MemoryLedger(cluster.hbm, rank)
-    transport = Transport(rank, mm, layout, bells, board, clock, timeout)
-    ctx = context.RankContext(rank, world, cluster, clock, ledger, transport, timeout)
-    ctx.report_progress = lambda done, total, what: pipe.send(("progress", rank, done, total, what))
-    context.set_current(ctx)
-    set_cost_hook(clock.hook)
-    out = RankStream(lambda text: pipe.send(("out", rank, text)))
-    saved = sys.stdout, sys.stderr
-    sys.stdout = sys.stderr = out
-    try:
-        value = fn(*args, **(kwargs or {}))
-        transport.flush()
-        board.set_state(rank, shm.FINISHED)
-        transport.ring_all()
-        sys.stdout, sys.stderr = saved
-        try:
-            data = dill.dumps(("ok", rank, value, clock.end(), ledger, recorder.events, out.getvalue()))
-        except Exception as e:
-            data = dill.dumps(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
-                               f"pickled: {e}", "", None, out.getvalue(), clock.end()))
-    except BaseException as e:
-        sys.stdout, sys.stderr = saved
-        board.set_state(rank, shm.FAILED)
-        if not isinstance(e, RankAborted):
-            board.abort(f"rank {rank} raised {type(e).__name__}: {e}")
-        transport.ring_all()
-        try:
-            exc = dill.dumps(e)
-        except Exception:
-            exc = None
-        data = dill.dumps(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc, out.getvalue(),
-                           clock.end()))
-    finally:
-        sys.stdout, sys.stderr = saved
-        set_cost_hook(None)
-        context.set_current(None)
-    pipe.send_raw(data)
-    conn.close()
 
 
 class _Interrupts:
@@ -229,36 +134,6 @@ class _Interrupts:
             os.close(self.wr)
         if self.hit and exc[0] is None:
             raise KeyboardInterrupt
-
-
-class _Pipe:
-    """A rank's messages to the launcher; a message asked for by a signal never cuts into another."""
-
-    def __init__(self, conn) -> None:
-        self.conn, self.busy = conn, False
-
-    def send(self, msg) -> None:
-        self.send_raw(dill.dumps(msg))
-
-    def send_raw(self, data: bytes, from_signal: bool = False) -> None:
-        if self.busy and from_signal:
-            return  # the handler interrupted a send: skip this report rather than corrupt the stream
-        self.busy = True
-        try:
-            self.conn.send_bytes(data)
-        finally:
-            self.busy = False
-
-
-def _send_stack(pipe: _Pipe, rank: int, frame) -> None:
-    """Tell the launcher where this rank is (it asks when the rank overstays the launch's limits)."""
-    frames = traceback.extract_stack(frame)
-    ours = [i for i, f in enumerate(frames) if f.filename == __file__]
-    mine = frames[ours[-1] + 1 if ours else 0 :][-8:]  # the rank's own frames, below _rank_main
-    try:
-        pipe.send_raw(dill.dumps(("stack", rank, "".join(traceback.format_list(mine)))), from_signal=True)
-    except Exception:
-        pass
 
 
 def _ask_where(procs, ranks, readers, handle, stacks, within: float = 0.5) -> None:
@@ -377,7 +252,7 @@ def launch(
             try:
                 for r in range(world_size):
                     rd, wr = mp.Pipe(duplex=False)
-                    p = mp.Process(target=_rank_main, name=f"minidist-rank-{r}", daemon=True,
+                    p = mp.Process(target=rank_main, name=f"minidist-rank-{r}", daemon=True,
                                    args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
                                          bells, wr, timeout, os.getpid()))
                     p.start()
