@@ -184,6 +184,151 @@ def _failure(errors: dict, order: list[int]) -> RankError:
     return RankError("\n".join(lines), rank=first, errors={r: errors[r][:3] for r in errors}, exc=obj)
 
 
+class _Ranks:
+    """The launcher's side of a running launch: what each rank reported, and when to stop them.
+
+    ``collect`` waits on the ranks' pipes, their process sentinels and the interrupt pipe, and turns
+    every way a launch can go wrong into errors: a rank that raised, died, never started, or ran past
+    the launch's limits (``timeout`` after the first rank returned, ``deadline`` overall).
+    """
+
+    def __init__(self, world, procs, readers, board, bells, seg, live, timeout, deadline) -> None:
+        self.world, self.procs, self.readers, self.board, self.bells = world, procs, readers, board, bells
+        self.seg, self.live, self.timeout, self.deadline = seg, live, timeout, deadline
+        self.values, self.times, self.memory, self.events, self.stdout = {}, {}, {}, {}, {}
+        self.errors, self.order = {}, []  # rank -> (name, message, traceback, pickled exception); failure order
+        self.ready, self.stacks = set(), {}
+        self.t0 = time.monotonic()
+        self.first_done = self.failed_at = None
+
+    # -- what the ranks send -----------------------------------------------------------------
+    def handle(self, conn) -> None:
+        r = self.readers[conn]
+        try:
+            msg = dill.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            del self.readers[conn]
+            return
+        kind = msg[0]
+        if kind == "ready":
+            self.ready.add(r)
+            if len(self.ready) == self.world:
+                self.seg.unlink()  # every rank has it mapped now (under fork it already is unlinked)
+        elif kind == "ok":
+            _, _, self.values[r], self.times[r], self.memory[r], self.events[r], self.stdout[r] = msg
+            self.first_done = time.monotonic() if self.first_done is None else self.first_done
+        elif kind == "stack":
+            self.stacks[r] = msg[2]
+        elif kind == "out":
+            self.live.output(r, msg[2])
+        elif kind == "progress":
+            self.live.report(r, *msg[2:])
+        else:
+            _, _, ename, emsg, tb, exc, self.stdout[r], self.times[r] = msg
+            self.fail(r, ename, emsg, tb, exc)
+
+    def fail(self, r: int, name: str, message: str, tb: str = "", exc=None) -> None:
+        self.errors[r] = (name, message, tb, exc)
+        self.order.append(r)
+
+    def stop_all(self, why: str) -> None:
+        """Every rank stops at its next communication call; the launcher gives them GRACE to report."""
+        self.board.abort(why)
+        for b in self.bells:
+            b.release()
+        self.failed_at = time.monotonic()
+
+    def running(self) -> list[int]:
+        return [r for r in range(self.world) if r not in self.values and r not in self.errors]
+
+    # -- limits ------------------------------------------------------------------------------
+    def _start_limit(self) -> float | None:
+        """Seconds left for every rank to start, or None once they all have (or the launch failed).
+
+        A rank that never reports ready is stuck before running anything (e.g. a lock held by another
+        thread of the parent when it forked): no communication timeout would ever fire for it.
+        """
+        if len(self.ready) == self.world or self.failed_at is not None:
+            return None
+        left = self.t0 + self.timeout - time.monotonic()
+        if left > 0:
+            return left
+        for r in range(self.world):
+            if r not in self.ready and r not in self.errors:
+                self.fail(r, "StartTimeout", f"rank {r} did not start within {self.timeout:g} s (stuck before running "
+                          f"fn; under the fork start method a lock another thread of this process held at the "
+                          f"fork can do that: retry, or use start_method='spawn')")
+        self.stop_all("a rank did not start")
+        return 0.0
+
+    def _run_limit(self) -> float | None:
+        """Seconds left before the running ranks overstay (None: no limit applies yet)."""
+        overall = math.inf if self.deadline is None else self.t0 + self.deadline
+        after_first = math.inf if self.first_done is None else self.first_done + self.timeout
+        due = min(overall, after_first)
+        if self.failed_at is not None or due == math.inf:
+            return None
+        left = due - time.monotonic()
+        if left > 0:
+            return left
+        late = self.running()
+        _ask_where(self.procs, late, self.readers, self.handle, self.stacks)
+        why = (f"the launch's deadline of {self.deadline:g} s" if overall <= after_first else
+               f"{self.timeout:g} s (the timeout) after rank {min(self.values)} returned")
+        for r in late:
+            self.fail(r, "DeadlineExceeded", _overstay(r, why, self.board, self.procs[r].pid), self.stacks.get(r, ""))
+        self.stop_all(f"the launcher stopped ranks {late}: they ran past {why}")
+        return 0.0
+
+    # -- the wait ------------------------------------------------------------------------------
+    def collect(self, interrupts) -> None:
+        """Wait until every rank has reported, or GRACE after the first failure."""
+        self.t0 = time.monotonic()  # the limits count from here: starting the processes is not the ranks' time
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while self.running():
+            limits = [t for t in (self._start_limit(), self._run_limit()) if t is not None]
+            if self.failed_at is not None:
+                limits.append(max(0.0, self.failed_at + GRACE - time.monotonic()))
+            wait_s = min(limits) if limits else None
+            if wait_s == 0.0:
+                if self.failed_at is not None and time.monotonic() >= self.failed_at + GRACE:
+                    break
+                continue
+            objs = mp_wait(list(self.readers) + list(sentinels) + interrupts.fds(), timeout=wait_s)
+            interrupts.check()
+            for o in objs:
+                if o in self.readers:
+                    self.handle(o)
+            for o in objs:
+                if o in sentinels:
+                    self._exited(sentinels.pop(o))
+            if self.errors and self.failed_at is None:
+                self.failed_at = time.monotonic()
+
+    def _exited(self, r: int) -> None:
+        """Rank r's process ended: read what it still had to say; without a report it died."""
+        for c, rr in list(self.readers.items()):
+            if rr == r:
+                while c in self.readers and c.poll():
+                    self.handle(c)
+        if r not in self.values and r not in self.errors:
+            self.procs[r].join(0.5)
+            code = self.procs[r].exitcode
+            self.fail(r, "RankDied", f"rank {r} exited without reporting (exit code {code})")
+            self.stop_all(f"rank {r} died (exit code {code})")
+
+    def result(self) -> LaunchResult:
+        """Show the output; the LaunchResult, or the RankError that explains the failure."""
+        self.live.close(self.stdout)
+        if self.errors:
+            for r in self.running():  # a consequence, not part of the failure order
+                self.errors[r] = ("Terminated", "stopped by the launcher after another rank failed", "", None)
+            raise _failure(self.errors, self.order or sorted(self.errors))
+        w = range(self.world)
+        return LaunchResult([self.values[r] for r in w], [self.times[r] for r in w], [self.memory[r] for r in w],
+                            Trace.from_recorders(self.events), [self.stdout[r] for r in w])
+
+
 def launch(
     fn: Callable,
     world_size: int,
@@ -243,8 +388,8 @@ def launch(
         procs, readers = [], {}
         board = shm.Board(mm, layout)
         bells = [mp.Semaphore(0) for _ in range(world_size)]
-        values, times, memory, events, stdout, errors, order = {}, {}, {}, {}, {}, {}, []
         live = LiveView(world_size, quiet)
+        ranks = _Ranks(world_size, procs, readers, board, bells, seg, live, timeout, deadline)
         try:
             saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
             if not fork:
@@ -267,102 +412,7 @@ def launch(
                             os.environ.pop(k, None)
                         else:
                             os.environ[k] = v
-            sentinels = {p.sentinel: r for r, p in enumerate(procs)}
-            ready, failed_at = set(), None
-            # A rank that never reports ready is stuck before running anything (e.g. a lock held by another
-            # thread of the parent when it forked): no communication timeout would ever fire for it.
-            t_launch = time.monotonic()
-            start_deadline = t_launch + timeout
-            first_done, stacks = None, {}
-
-            def handle(conn) -> None:
-                nonlocal first_done
-                r = readers[conn]
-                try:
-                    msg = dill.loads(conn.recv_bytes())
-                except (EOFError, OSError):
-                    del readers[conn]
-                    return
-                if msg[0] == "ready":
-                    ready.add(r)
-                    if len(ready) == world_size and not fork:
-                        seg.unlink()  # every rank has it mapped now
-                elif msg[0] == "ok":
-                    _, _, values[r], times[r], memory[r], events[r], stdout[r] = msg
-                    first_done = time.monotonic() if first_done is None else first_done
-                elif msg[0] == "stack":
-                    stacks[r] = msg[2]
-                elif msg[0] == "out":
-                    live.output(r, msg[2])
-                elif msg[0] == "progress":
-                    live.report(r, *msg[2:])
-                else:
-                    _, _, ename, emsg, tb, exc, stdout[r], times[r] = msg
-                    errors[r] = (ename, emsg, tb, exc)
-                    order.append(r)
-
-            while len(values) + len(errors) < world_size:
-                wait_s = None if failed_at is None else max(0.0, failed_at + GRACE - time.monotonic())
-                if failed_at is not None and wait_s == 0.0:
-                    break
-                if len(ready) < world_size and failed_at is None:
-                    left = start_deadline - time.monotonic()
-                    if left <= 0:
-                        for r in range(world_size):
-                            if r not in ready and r not in errors:
-                                errors[r] = ("StartTimeout", f"rank {r} did not start within {timeout:g} s (stuck "
-                                             f"before running fn; under the fork start method a lock another thread "
-                                             f"of this process held at the fork can do that: retry, or use "
-                                             f"start_method='spawn')", "", None)
-                                order.append(r)
-                        board.abort("a rank did not start")
-                        for b in bells:
-                            b.release()
-                        failed_at = time.monotonic()
-                        continue
-                    wait_s = left
-                due = min(math.inf if deadline is None else t_launch + deadline,
-                          math.inf if first_done is None else first_done + timeout)
-                if failed_at is None and due < math.inf:
-                    left = due - time.monotonic()
-                    if left <= 0:
-                        late = [r for r in range(world_size) if r not in values and r not in errors]
-                        _ask_where(procs, late, readers, handle, stacks)
-                        why = (f"the launch's deadline of {deadline:g} s" if first_done is None
-                               or t_launch + (deadline or math.inf) <= first_done + timeout else
-                               f"{timeout:g} s (the timeout) after rank {min(values)} returned")
-                        for r in late:
-                            text = _overstay(r, why, board, procs[r].pid)
-                            errors[r] = ("DeadlineExceeded", text, stacks.get(r, ""), None)
-                            order.append(r)
-                        board.abort(f"the launcher stopped ranks {late}: they ran past {why}")
-                        for b in bells:
-                            b.release()
-                        failed_at = time.monotonic()
-                        continue
-                    wait_s = left if wait_s is None else min(wait_s, left)
-                objs = mp_wait(list(readers) + list(sentinels) + interrupts.fds(), timeout=wait_s)
-                interrupts.check()
-                for o in objs:
-                    if o in readers:
-                        handle(o)
-                for o in objs:
-                    if o in sentinels:
-                        r = sentinels.pop(o)
-                        for c, rr in list(readers.items()):
-                            if rr == r:
-                                while c in readers and c.poll():
-                                    handle(c)
-                        if r not in values and r not in errors:
-                            procs[r].join(0.5)
-                            code = procs[r].exitcode
-                            errors[r] = ("RankDied", f"rank {r} exited without reporting (exit code {code})", "", None)
-                            order.append(r)
-                            board.abort(f"rank {r} died (exit code {code})")
-                            for b in bells:
-                                b.release()
-                if errors and failed_at is None:
-                    failed_at = time.monotonic()
+            ranks.collect(interrupts)
         finally:
             for p in procs:
                 if p.is_alive():
@@ -376,17 +426,4 @@ def launch(
                 c.close()
             seg.unlink()
             del board
-    live.close(stdout)
-    if errors:
-        for r in range(world_size):
-            if r not in values and r not in errors:
-                errors[r] = ("Terminated", "stopped by the launcher after another rank failed", "", None)
-        raise _failure(errors, order or sorted(errors))
-    res = LaunchResult(
-        [values[r] for r in range(world_size)],
-        [times[r] for r in range(world_size)],
-        [memory[r] for r in range(world_size)],
-        Trace.from_recorders(events),
-        [stdout[r] for r in range(world_size)],
-    )
-    return res
+    return ranks.result()
