@@ -13,6 +13,7 @@ on, and no process or shared-memory segment survives the call (nor a Ctrl-C, nor
 from __future__ import annotations
 
 import math
+import mmap
 import numbers
 import os
 import signal
@@ -62,20 +63,20 @@ class LaunchResult(Sequence):
 
 
 class _Segment:
-    """The launch's shared-memory segment, unlinked exactly once.
+    """The launch's shared memory, never left behind.
 
-    Under spawn the name must live until every rank has mapped it, and a parent killed meanwhile
-    cannot unlink it: multiprocess's resource tracker (a helper process that outlives the parent)
-    then does, so it is told about the segment until it is unlinked.
+    Under fork the ranks inherit an anonymous shared mapping: it has no name, so nothing can leak
+    whenever the parent dies. Under spawn a rank must open it by name, which has to live until every
+    rank has mapped it; a parent killed meanwhile cannot unlink it, so multiprocess's resource
+    tracker (a helper process that outlives the parent) is told about it and does, until unlinked.
     """
 
     def __init__(self, size: int, fork: bool) -> None:
-        self.mm, self.name = shm.create(size)
         self.tracked = False
         if fork:
-            shm.unlink(self.name)  # children inherit the mapping; the name is no longer needed
-            self.name = None
+            self.mm, self.name = mmap.mmap(-1, size), None  # MAP_SHARED | MAP_ANONYMOUS
         else:
+            self.mm, self.name = shm.create(size)
             resource_tracker.register(self.name, "shared_memory")
             self.tracked = True
 

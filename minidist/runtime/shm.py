@@ -10,8 +10,9 @@ Layout (all offsets 64-byte aligned so any dtype can be viewed in place)::
     [board: one record per rank: state, since, what it waits for, pid, current collective signatures]
     [channel src->dst for every ordered pair: head, tail, sleep flags, nack | nslots x (header, payload)]
 
-The segment is unlinked as soon as every rank has it mapped (immediately under fork), so nothing
-is left in /dev/shm even if the parent is killed.
+Under fork the segment is an anonymous shared mapping that the ranks inherit (it has no name to
+leak); under spawn it is named, and unlinked as soon as every rank has it mapped (launch.py's
+``_Segment``), so nothing is left in /dev/shm even if the parent is killed.
 """
 
 from __future__ import annotations
