@@ -99,7 +99,7 @@ class Comm:
     def sendrecv_during(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int, local) -> None:
         """``sendrecv`` with ``local()`` (say, copying this rank's own block) done while the messages move.
 
-        A message larger than a channel is read by the receiver straight from ``sendbuf`` (cma.py), so
+        A message above ``in_place_bytes`` is read by the receiver straight from ``sendbuf`` (cma.py), so
         the copy runs at the same time as the peer's read instead of before it. Small messages gain
         nothing from that: they do the local work first and take the fast exchange.
         """

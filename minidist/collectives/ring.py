@@ -54,11 +54,13 @@ def reduce_scatter_phase(c: Comm, chunks: list[np.ndarray], op: ReduceOp, shift:
     return (r + 1 + shift) % p
 
 
-def all_gather_phase(c: Comm, chunks: list[np.ndarray], shift: int = 0) -> None:
-    """p-1 ring steps starting from rank r owning chunk (r+1+shift) mod p; every rank ends with all."""
+def all_gather_phase(c: Comm, chunks: list[np.ndarray], shift: int = 0, first: int = 0) -> None:
+    """p-1 ring steps starting from rank r owning chunk (r+1+shift) mod p; every rank ends with all.
+
+    ``first`` skips steps a caller has already made."""
     p, r = c.size, c.rank
     right, left = (r + 1) % p, (r - 1) % p
-    for k in range(p - 1):
+    for k in range(first, p - 1):
         c.sendrecv(chunks[(r - k + 1 + shift) % p], right, chunks[(r - k + shift) % p], left)
 
 
@@ -90,8 +92,7 @@ def all_gather(c: Comm, outs: list, inp: np.ndarray) -> None:
         return
     # step 0 sends our input itself, so copying it into our own block overlaps the neighbour's read
     c.sendrecv_during(inp, (r + 1) % p, outs[(r - 1) % p], (r - 1) % p, keep_own)
-    for k in range(1, p - 1):  # then the ring goes on as all_gather_phase(shift=-1) does
-        c.sendrecv(outs[(r - k) % p], (r + 1) % p, outs[(r - k - 1) % p], (r - 1) % p)
+    all_gather_phase(c, outs, shift=-1, first=1)
 
 
 @register("broadcast", "ring")

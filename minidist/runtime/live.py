@@ -23,6 +23,10 @@ REDRAW = 0.25  # seconds between redraws of a notebook area or a progress line
 TAIL = 3  # lines of each rank shown in a notebook area
 
 
+def _prefixed(rank: int, text: str) -> str:
+    return "\n".join(f"[rank {rank}] {line}" for line in text.rstrip("\n").split("\n"))
+
+
 def in_notebook() -> bool:
     shell = sys.modules.get("IPython")
     if shell is None or "ipykernel" not in sys.modules:
@@ -118,7 +122,7 @@ class LiveView:
         for r in range(self.world):
             text = self.buffer[r]
             if text:
-                print("\n".join(f"[rank {r}] {line}" for line in text.rstrip("\n").split("\n")), flush=True)
+                print(_prefixed(r, text), flush=True)
                 self.shown[r] += len(text)
                 self.buffer[r] = ""
 
@@ -159,5 +163,4 @@ class LiveView:
         for r in sorted(stdout):
             text = stdout[r][self.shown[r]:] if self.streaming else stdout[r]
             if text:
-                lines = text.rstrip("\n").split("\n")
-                print("\n".join(f"[rank {r}] {line}" for line in lines), flush=True)
+                print(_prefixed(r, text), flush=True)

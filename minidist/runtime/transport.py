@@ -407,12 +407,8 @@ class Transport:
             self.mv[hoff + HEADER.size : hoff + HEADER.size + len(wsig)] = wsig
         if n:
             payload[:n] = sbuf.reshape(-1).view(np.uint8)
-        head += 1
-        self.head[dst] = head
-        ctrl[C_HEAD] = head
-        fence()
-        if ctrl[C_RWANT]:
-            self.bells[dst].release()
+        self.head[dst] = head + 1
+        self._advance(ctrl, C_HEAD, head + 1, C_RWANT, dst)
         done = self._take_small(rbuf, src, tag, ready, sig, ufunc)
         if done is None and self.spin:  # the peer is usually a few microseconds behind: poll its head word
             rctrl, tail = self.in_ctrl[src], self.tail[src]
@@ -425,6 +421,13 @@ class Transport:
             self.wait([op])
             done = op.end
         return end if end > done else done
+
+    def _advance(self, ctrl, word: int, value: int, flag: int, peer: int) -> None:
+        """Publish a channel counter, then wake ``peer`` if it sleeps on that channel (``flag`` raised)."""
+        ctrl[word] = value
+        fence()  # the counter must be visible before we read the flag, or a sleeper could miss it
+        if ctrl[flag]:
+            self.bells[peer].release()
 
     def _take_small(self, rbuf: np.ndarray, src: int, tag: int, ready: float, sig: bytes, ufunc) -> float | None:
         rctrl = self.in_ctrl[src]
@@ -447,12 +450,8 @@ class Transport:
                 flat.view(np.uint8)[:] = payload[:n]
             else:
                 ufunc(flat, payload[:n].view(flat.dtype), out=flat)
-        tail += 1
-        self.tail[src] = tail
-        rctrl[C_TAIL] = tail
-        fence()
-        if rctrl[C_WANT]:
-            self.bells[src].release()
+        self.tail[src] = tail + 1
+        self._advance(rctrl, C_TAIL, tail + 1, C_WANT, src)
         arrival = hdr[3]
         return arrival if arrival > ready else ready
 
