@@ -19,13 +19,13 @@ from minidist.estimate._check import choice, count, fraction, nonnegative, posit
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "scatter", "gather", "all_to_all",
        "send_recv")
-ALGORITHMS = ("ring", "tree", "halving_doubling", "bidirectional_ring", "pairwise")
+ALGORITHMS = ("ring", "tree", "halving_doubling", "bidirectional_ring", "pairwise", "recursive_doubling")
 
 # Which algorithms each op has a model for. Rooted ops (broadcast, reduce, scatter, gather) and
 # all_to_all have one standard algorithm; for them the default "ring" means "the op's standard
 # algorithm" so that collective_time(op, n, p, a, b) works for every op without naming one.
 SUPPORTED = {
-    "all_reduce": ("ring", "tree", "halving_doubling", "bidirectional_ring"),
+    "all_reduce": ("ring", "tree", "halving_doubling", "bidirectional_ring", "recursive_doubling"),
     "reduce_scatter": ("ring", "halving_doubling"),
     "all_gather": ("ring", "halving_doubling"),
     "broadcast": ("tree",),
@@ -57,6 +57,8 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
     - all_reduce halving_doubling (Rabenseifner): 2 log2(p) a + 2(p-1)/p n/b for p = 2^k. For other p,
       the r = p - 2^k extra ranks first fold their buffer into a partner and get the result back at the
       end: 2 (a + n/b) more, plus the power-of-two formula on p' = 2^k.
+    - all_reduce recursive_doubling: log2(p) (a + n/b) for p = 2^k: every round swaps the whole buffer with
+      the partner 2^i ranks away; other p fold the extra ranks in first, as halving_doubling does.
     - all_reduce bidirectional_ring: 2(p-1) a + (p-1)/p n/b for p >= 3: two half-size rings turning in
       opposite directions on full-duplex links, each still taking 2(p-1) steps. The book's table gives
       (p-1) a, which two half-rings cannot reach. For p = 2 both directions share the same two links,
@@ -101,9 +103,11 @@ def collective_time(op: str, nbytes: float, p: int, alpha: float, beta: float, a
             if p == 2:
                 return 2 * a + n / b
             return 2 * (p - 1) * a + (p - 1) / p * n / b
-        k = p.bit_length() - 1  # halving_doubling on p' = 2^k, plus a fold for the remainder
+        k = p.bit_length() - 1  # halving_doubling or recursive_doubling on p' = 2^k, plus a fold for the rest
         q = 1 << k
         fold = 2 * (a + n / b) if q != p else 0.0
+        if algorithm == "recursive_doubling":
+            return fold + k * (a + n / b)
         return fold + 2 * k * a + 2 * (q - 1) / q * n / b
     if op in ("reduce_scatter", "all_gather"):
         if algorithm == "ring":

@@ -61,6 +61,7 @@ class TrainResult:
     failures: list[dict] = field(default_factory=list)
     lost_time: float = 0.0
     checkpoint_blocked: list[float] = field(default_factory=list)
+    peak_memory: list[float] = field(default_factory=list)  # rank r's peak of all categories together (bytes)
 
     def __repr__(self) -> str:
         return (f"TrainResult({len(self.losses)} steps, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}, "
@@ -219,7 +220,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         params, grads, rank_params = merge_tensor_parallel(out, _state, replicated)
     return TrainResult(
         losses=losses, params=params, grads=grads, time=time,
-        memory=[dict(m.peak) for m in res.memory], trace=res.trace, comm_bytes=comm,
+        memory=[dict(m.peak) for m in res.memory], peak_memory=[m.peak_total for m in res.memory], trace=res.trace,
+        comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
         rank_params=rank_params,
         activations=out[0]["acts"], state_bytes=state_bytes_per_param(dtype, optimizer),

@@ -19,8 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from minidist import dist
-from minidist.autograd import Function
+from minidist.autograd import Function, cost
 from minidist.autograd import functional as F
+from minidist.autograd.ops import TRANSCENDENTAL
 from minidist.collectives import offered
 from minidist.nn.layers import Embedding
 from minidist.nn.module import Module, Parameter
@@ -105,10 +106,14 @@ class _VocabParallelCrossEntropy(Function):
         picked = np.where(mine, x[rows, np.where(mine, local, 0)] - m, 0.0)
         stats = _all_reduce(np.stack([e.sum(axis=1), picked]), tp)  # sum of exp, shifted target logit
         ctx.probs, ctx.mine, ctx.local, ctx.shape = e / stats[0][:, None], mine, local, logits.shape
-        return np.asarray(np.mean(np.log(stats[0]) - stats[1]), dtype=x.dtype)
+        out = np.asarray(np.mean(np.log(stats[0]) - stats[1]), dtype=x.dtype)
+        # the same charge as F.cross_entropy on this rank's block of the vocabulary
+        cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, g):
+        cost.charge("cross_entropy.backward", 3 * ctx.probs.size, 2 * ctx.probs.nbytes, ctx.probs.dtype)
         grad = ctx.probs.copy()
         rows = np.nonzero(ctx.mine)[0]
         grad[rows, ctx.local[rows]] -= 1.0

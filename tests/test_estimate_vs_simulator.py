@@ -1,0 +1,83 @@
+"""The estimator predicts the simulator: step time and peak memory of ``md.parallel.train`` layouts, from
+closed forms (``md.estimate.predict_train``), before anything runs.
+
+Both sides use the same cluster constants and no fitted efficiency, so they must agree to rounding: any
+gap is a model that is wrong, on one side or the other. The table is printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import minidist as md
+from minidist.estimate import gpt_ops
+from minidist.estimate.predict import predict_train
+from minidist.nn import GPT, GPTConfig
+from minidist.parallel import ParallelConfig
+
+CFG = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4)
+BATCH = 8
+
+LAYOUTS = {
+    "1 device": ParallelConfig(),
+    "dp2": ParallelConfig(dp=2),
+    "dp4": ParallelConfig(dp=4),
+    "tp2": ParallelConfig(tp=2),
+    "tp4 (one head each)": ParallelConfig(tp=4),
+    "dp2 x tp2": ParallelConfig(dp=2, tp=2),
+    "accumulate 2": ParallelConfig(microbatches=2),
+    "dp2 zero1": ParallelConfig(dp=2, zero_stage=1),
+    "dp2 zero2 x2 micro": ParallelConfig(dp=2, zero_stage=2, microbatches=2),
+    "dp2 small buckets": ParallelConfig(dp=2, bucket_bytes=40_000),
+}
+
+
+def _row(name, sim_t, pred_t, sim_m, pred_m) -> str:
+    return (f"{name:<22} {sim_t * 1e6:>10.4f} {pred_t * 1e6:>10.4f} {pred_t / sim_t - 1:>+8.3%}   "
+            f"{sim_m / 1e6:>8.4f} {pred_m / 1e6:>8.4f} {pred_m / sim_m - 1:>+8.3%}")
+
+
+def test_prediction_equals_simulation():
+    lines = [f"{'layout':<22} {'sim us':>10} {'pred us':>10} {'err':>8}   {'sim MB':>8} {'pred MB':>8} {'err':>8}"]
+    errors = {}
+    for name, pc in LAYOUTS.items():
+        run = md.parallel.train(CFG, pc, steps=2, global_batch=BATCH)
+        pred = predict_train(CFG, pc, BATCH)
+        sim_t, sim_m = run.time[-1], max(run.peak_memory)
+        lines.append(_row(name, sim_t, pred.step_time, sim_m, pred.memory["total"]))
+        errors[name] = (pred.step_time / sim_t - 1, pred.memory["total"] / sim_m - 1)
+    print("\n" + "\n".join(lines))
+    bad = {k: v for k, v in errors.items() if abs(v[0]) > 1e-9 or abs(v[1]) > 1e-9}
+    assert not bad, f"prediction differs from the simulator: {bad}"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_op_list_is_the_autograd_charge_list(tp):
+    """The compute ops of one micro-batch, in order, with the FLOPs and bytes the autograd charges."""
+    pc = ParallelConfig(tp=tp)
+    run = md.parallel.train(CFG, pc, steps=1, global_batch=2)
+    t0, t1 = run.windows[0][0]
+    sim = [(e.name, e.flops, e.nbytes) for e in run.trace
+           if e.rank == 0 and e.stream == "compute" and t0 <= e.start < t1 and (e.flops or e.nbytes)]
+    x = gpt_ops.Shard(2, CFG.seq_len, CFG.d_model, CFG.n_heads, CFG.d_ff, CFG.vocab_size, tp, 8)
+    L = CFG.n_layers
+    ops = (gpt_ops.embed_forward(x) + gpt_ops.block_forward(x) * L + gpt_ops.head_forward(x)
+           + gpt_ops.head_backward(x) + gpt_ops.block_backward(x) * L + gpt_ops.embed_backward(x))
+    pred = [(o.name, o.flops, o.nbytes) for o in ops if o.kind == "compute"]
+    assert sim[:-1] == pred  # the last charge is the optimizer step
+    assert sim[-1][0] == "optimizer.step"
+
+
+def test_parameter_units_follow_registration_order():
+    model = GPT(CFG)
+    sizes = [p.data.size for _, p in model.named_parameters()]
+    x = gpt_ops.Shard(2, CFG.seq_len, CFG.d_model, CFG.n_heads, CFG.d_ff, CFG.vocab_size, 1, 8)
+    assert gpt_ops.parameters(x, CFG.n_layers) == sizes
+
+
+def test_unmodelled_layouts_are_refused_by_name():
+    with pytest.raises(ValueError, match="context parallelism"):
+        predict_train(CFG, ParallelConfig(cp=2), BATCH)
+    with pytest.raises(ValueError, match="grouped-query"):
+        predict_train(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2),
+                      ParallelConfig(), BATCH)
