@@ -15,7 +15,7 @@ from minidist.estimate.predict import predict_train
 from minidist.nn import GPT, GPTConfig
 from minidist.parallel import ParallelConfig
 
-CFG = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4)
+CFG = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=4, n_heads=4)
 BATCH = 8
 
 LAYOUTS = {
@@ -29,6 +29,13 @@ LAYOUTS = {
     "dp2 zero1": ParallelConfig(dp=2, zero_stage=1),
     "dp2 zero2 x2 micro": ParallelConfig(dp=2, zero_stage=2, microbatches=2),
     "dp2 small buckets": ParallelConfig(dp=2, bucket_bytes=40_000),
+    "pp2 1f1b x4": ParallelConfig(pp=2, microbatches=4),
+    "pp2 gpipe x4": ParallelConfig(pp=2, microbatches=4, schedule="gpipe"),
+    "pp2 interleaved v2 x4": ParallelConfig(pp=2, microbatches=4, schedule="interleaved", virtual_stages=2),
+    "pp4 1f1b x4": ParallelConfig(pp=4, microbatches=4),
+    "pp2 x dp2 zero1": ParallelConfig(pp=2, dp=2, microbatches=2, zero_stage=1),
+    "pp2 x tp2": ParallelConfig(pp=2, tp=2, microbatches=2),
+    "pp2 x tp2 x dp2": ParallelConfig(pp=2, tp=2, dp=2, microbatches=2),
 }
 
 
@@ -66,6 +73,19 @@ def test_op_list_is_the_autograd_charge_list(tp):
     pred = [(o.name, o.flops, o.nbytes) for o in ops if o.kind == "compute"]
     assert sim[:-1] == pred  # the last charge is the optimizer step
     assert sim[-1][0] == "optimizer.step"
+
+
+@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_stage_orders_are_the_runtime_schedules(schedule, v):
+    from minidist.estimate.pipeline import stage_orders
+    from minidist.parallel.schedules import make_schedule
+
+    for p, m in [(2, 1), (2, 4), (3, 3), (4, 8)]:
+        if schedule == "interleaved" and m > p and m % p:
+            continue
+        ours = stage_orders(schedule, p, m, v)
+        theirs = make_schedule(schedule, p, m, v)
+        assert ours == [[tuple(a) for a in theirs.compute(r)] for r in range(p)]
 
 
 def test_parameter_units_follow_registration_order():

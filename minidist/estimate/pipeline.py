@@ -76,3 +76,40 @@ def stage_balance_efficiency(stage_times: list[float]) -> float:
     if not ts or max(ts) == 0:
         raise ValueError("stage_balance_efficiency: stage_times must be non-empty with a positive maximum")
     return sum(ts) / (len(ts) * max(ts))
+
+
+def stage_orders(schedule: str, stages: int, microbatches: int, virtual: int = 1) -> list[list[tuple[str, int, int]]]:
+    """Per stage, the order it runs its passes: ``("F" | "B", micro-batch, chunk)``. A schedule is this order
+    and nothing else (the runtime's ``md.parallel.make_schedule`` builds the same lists, a test checks it):
+
+    - gpipe: every forward, then every backward;
+    - 1f1b: stage s warms up with min(p - s - 1, m) forwards, then alternates one forward and one
+      backward, then drains;
+    - interleaved (v chunks per stage, chunk c of stage s is virtual stage c p + s): micro-batches go round
+      in groups of p, each group through chunks 0..v-1 forward (v-1..0 backward); stage s warms up with
+      2 (p - s - 1) + (v - 1) p chunk-forwards, then alternates, then drains.
+    """
+    fn = "stage_orders"
+    choice(fn, "schedule", schedule, ("gpipe", "1f1b", "interleaved"))
+    p, m, v = count(fn, "stages", stages), count(fn, "microbatches", microbatches), count(fn, "virtual", virtual)
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(f"{fn}: virtual={v} needs schedule='interleaved'")
+    if schedule == "gpipe":
+        return [[("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)] for _ in range(p)]
+    if schedule == "interleaved":
+        if m > p and m % p:
+            raise ValueError(f"{fn}: interleaved needs microbatches ({m}) a multiple of stages ({p}) or at most {p}")
+        groups = [(g0, min(p, m - g0)) for g0 in range(0, m, p)]
+        fwd = [(g0 + i, c) for g0, g in groups for c in range(v) for i in range(g)]
+        bwd = [(g0 + i, c) for g0, g in groups for c in reversed(range(v)) for i in range(g)]
+        warm_of = [min(2 * (p - s - 1) + (v - 1) * p, m * v) for s in range(p)]
+    else:
+        fwd = bwd = [(i, 0) for i in range(m)]
+        warm_of = [min(p - s - 1, m) for s in range(p)]
+    out = []
+    for warm in warm_of:
+        order = [("F", *fwd[k]) for k in range(warm)]
+        for k in range(len(fwd) - warm):
+            order += [("F", *fwd[warm + k]), ("B", *bwd[k])]
+        out.append(order + [("B", *bwd[k]) for k in range(len(fwd) - warm, len(fwd))])
+    return out

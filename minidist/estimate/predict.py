@@ -33,8 +33,8 @@ from minidist.estimate.gpt_ops import (
     head_backward,
     head_forward,
     optimizer_bytes,
-    parameters,
 )
+from minidist.estimate.pipeline import stage_orders
 from minidist.hardware.cluster import Cluster
 
 AXES = ("pp", "dp", "ep", "cp", "tp")  # the mesh's order, tp fastest (md.parallel.build_mesh)
@@ -53,12 +53,14 @@ class Prediction:
 
 
 class _Streams:
-    """One rank's compute and communication streams (``hardware.clock.Clock`` in closed form)."""
+    """One rank's compute and communication streams and its outgoing links (``hardware.clock.Clock`` in
+    closed form)."""
 
     def __init__(self) -> None:
         self.compute = 0.0
         self.comm = 0.0
         self.terms: dict[str, float] = {}
+        self.link_free: dict[int, float] = {}
 
     def add(self, term: str, seconds: float) -> None:
         self.terms[term] = self.terms.get(term, 0.0) + seconds
@@ -79,10 +81,21 @@ class _Streams:
         return self.comm
 
     def wait(self, end: float, term: str) -> None:
+        """``Work.wait()``: the program and the communication stream continue after ``end``."""
         if end > self.compute:
             self.add(term, end - self.compute)
             self.compute = end
         self.comm = max(self.comm, end)
+
+    def send(self, dst: int, seconds: float) -> float:
+        """``isend``: the message leaves when the rank and the link are free; returns its arrival."""
+        start = max(self.compute, self.comm, self.link_free.get(dst, 0.0))
+        self.link_free[dst] = start + seconds
+        return start + seconds
+
+    def recv(self, arrival: float, term: str) -> None:
+        """A blocking receive: after the program, the communication stream and the message."""
+        self.wait(max(self.compute, self.comm, arrival), term)
 
 
 def _groups(parallel, cluster: Cluster) -> dict[str, tuple[int, list[int]]]:
@@ -143,8 +156,10 @@ def _collective(op: str, nbytes: float, group: tuple[int, list[int]], cluster: C
 def check_supported(model, parallel) -> None:
     """Refuse, by name, what this model does not cover yet."""
     missing = []
-    if parallel.pp > 1:
-        missing.append("pipeline parallelism (pp > 1)")
+    pieces = parallel.pp * parallel.virtual_stages
+    if parallel.pp > 1 and (parallel.schedule not in ("1f1b", "gpipe", "interleaved") or parallel.zero_stage > 1
+                            or parallel.pp_balance != "even" or model.n_layers % pieces):
+        missing.append("pipelines other than gpipe, 1f1b and interleaved with ZeRO <= 1 and an even cut of the layers")
     if parallel.cp > 1:
         missing.append("context parallelism (cp > 1)")
     if parallel.ep > 1 or model.n_experts:
@@ -180,20 +195,39 @@ def _buckets(sizes: list[int], bucket_elems: float, dp: int) -> list[tuple[int, 
     return out
 
 
+def _even_cut(layers: int, pieces: int) -> list[tuple[int, int]]:
+    size = layers // pieces
+    return [(j * size, (j + 1) * size) for j in range(pieces)]
+
+
+class _Stage:
+    """What one virtual stage computes: its forward and backward op lists and its parameters."""
+
+    def __init__(self, x: Shard, lo: int, hi: int, first: bool, last: bool) -> None:
+        self.first, self.last = first, last
+        self.forward = (embed_forward(x) if first else []) + block_forward(x) * (hi - lo) + (
+            head_forward(x) if last else [])
+        self.backward = (head_backward(x) if last else []) + block_backward(x) * (hi - lo) + (
+            embed_backward(x) if first else [])
+        self.finish_order = [n for op in self.backward for n in op.grads]  # the backward's order
+
+
 def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = None, *, dtype: str = "float64",
-                  optimizer: str = "adamw") -> Prediction:
-    """The step time and peak memory ``md.parallel.train(model, parallel, global_batch=...)`` will measure.
+                  optimizer: str = "adamw", steps: int = 2) -> Prediction:
+    """The step time and peak memory ``md.parallel.train(model, parallel, steps, global_batch)`` will measure.
 
     ``model`` is an ``md.nn.GPTConfig``, ``parallel`` an ``md.parallel.ParallelConfig``, ``cluster`` a
-    ``md.hardware.Cluster`` (default: the one ``train`` uses). Times are for a step after the first (the
-    same here: the simulator's steps are identical).
+    ``md.hardware.Cluster`` (default: the one ``train`` uses). ``step_time`` is the last of ``steps`` steps,
+    the slowest rank's: pipeline stages start a step when they finish the previous one, so the first step
+    can differ from the next.
     """
     check_supported(model, parallel)
     cluster = Cluster() if cluster is None else cluster
     e = np.dtype(dtype).itemsize
     peak = cluster.gpu.peak(cluster.compute_dtype or dtype)
     bw = cluster.gpu.hbm_bw
-    tp, dp, m, L = parallel.tp, parallel.dp, parallel.microbatches, model.n_layers
+    tp, dp, pp, m, L = parallel.tp, parallel.dp, parallel.pp, parallel.microbatches, model.n_layers
+    v = parallel.virtual_stages
     if global_batch % (dp * m):
         raise ValueError(f"predict_train: global_batch={global_batch} must split evenly over dp x microbatches "
                          f"= {dp * m} (uneven splits are not modelled)")
@@ -214,48 +248,128 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
             else:
                 st.sync(cost(op), op.axis)
 
-    order = parameters(x, L)[::-1]  # the order the backward finishes gradients: buckets follow it
-    local = sum(order)
-    buckets = _buckets(order, parallel.bucket_bytes / e, dp)
+    nvs = pp * v
+    stages = [_Stage(x, lo, hi, j == 0, j == nvs - 1) for j, (lo, hi) in enumerate(_even_cut(L, nvs))]
+    # a rank's parameters, in the order their gradients finish: its virtual stages from the last
+    finish = [[n for c in reversed(range(v)) for n in stages[c * pp + r].finish_order] for r in range(pp)]
+    buckets = [_buckets(f, parallel.bucket_bytes / e, dp) for f in finish]
     stage = parallel.zero_stage
     reduce_op = "all_reduce" if stage == 0 else "reduce_scatter"
+    acts = activation_bytes(x)
+    # held from a pass's forward to its backward: its units' activations, the received input (not on the first
+    # stage), and on the last stage the loss scaled inside the graph (the product and the weight it keeps)
+    held = [acts["block"] * (hi - lo) + (acts["embed"] if st.first else x.t * x.h * e) + (
+        acts["head"] + (2 * e if pp > 1 else 0) if st.last else 0) for st, (lo, hi) in zip(stages, _even_cut(L, nvs))]
 
-    st = _Streams()
+    def reduce(st: _Streams, bks) -> None:
+        """After a pipeline the data-parallel buckets reduce one after another; the program waits for all."""
+        ends = []
+        for _, n in bks:
+            ends.append(st.launch(cost(Op(reduce_op, 0, n * e, reduce_op, "grad"))))
+        if ends:
+            st.wait(max(ends), "dp")
+
+    ranks = [_Streams() for _ in range(pp)]
+    windows = []
+    peak_acts = [0.0] * pp
+    for _ in range(steps):
+        starts = [r.compute for r in ranks]
+        if pp == 1:
+            _single_stage_step(ranks[0], stages[0], buckets[0], m, dp, stage, reduce_op, run, cost, e)
+            peak_acts[0] = held[0]
+        else:
+            link = cluster.intra_link  # neighbouring stages; the mesh keeps worlds of <= 8 in one node
+            hop = link.alpha + x.t * x.h * e / link.beta
+            orders = stage_orders(parallel.schedule, pp, m, v)
+            _walk(ranks, orders, stages, hop, run, peak_acts, held)
+            for r, st in enumerate(ranks):
+                if dp > 1:
+                    reduce(st, buckets[r])
+        for r, st in enumerate(ranks):
+            shard = sum(n // dp for _, n in buckets[r]) if stage else sum(finish[r])
+            st.run(optimizer_bytes(shard, e, optimizer) / bw, "optimizer")
+            if stage in (1, 2) and dp > 1:
+                for _, n in buckets[r]:
+                    st.sync(cost(Op("all_gather", 0, n * e, "all_gather", "grad")), "dp")
+            st.wait(max(st.compute, st.comm), "dp")
+        windows = [st.compute - s0 for st, s0 in zip(ranks, starts)]
+
+    totals = [sum(n for _, n in buckets[r]) * e * (2 + MOMENTS[optimizer]) + peak_acts[r] for r in range(pp)]
+    worst = int(np.argmax(totals))  # the fullest stage (state counted as for ZeRO-0, enough to rank them)
+    padded = sum(n for _, n in buckets[worst])
+    shard = sum(n // dp for _, n in buckets[worst]) if stage else sum(finish[worst])
+    memory = {"params": padded * e,
+              "grads": (shard if stage == 2 else padded) * e,
+              "optimizer": (shard if stage else padded) * e * MOMENTS[optimizer],
+              "activations": peak_acts[worst],
+              "buffers": 0.0}
+    memory["total"] = sum(memory.values())
+    slow = int(np.argmax(windows))
+    terms = {k: ranks[slow].terms.get(k, 0.0) / steps for k in ("compute", "tp", "pp", "dp", "optimizer")}
+    return Prediction(max(windows), terms, memory)
+
+
+def _single_stage_step(st, stage, buckets, m, dp, zero, reduce_op, run, cost, e) -> None:
+    """Micro-batches one after another; the buckets reduce as the backward completes them (on the last
+    micro-batch for DDP and ZeRO-1, which accumulate locally; on every one for ZeRO-2)."""
     for i in range(m):
-        reduce_now = dp > 1 and (i == m - 1 or stage == 2)  # DDP and ZeRO-1 accumulate until the last one
-        run(st, embed_forward(x))
-        for _ in range(L):
-            run(st, block_forward(x))
-        run(st, head_forward(x))
-        backward = head_backward(x) + block_backward(x) * L + embed_backward(x)
+        reduce_now = dp > 1 and (i == m - 1 or zero == 2)
+        run(st, stage.forward)
         finished, next_bucket, need, ends = 0, 0, buckets[0][0], []
-        for op in backward:
+        for op in stage.backward:
             run(st, [op])
             finished += len(op.grads)
             while reduce_now and next_bucket < len(buckets) and finished >= need:
-                # the last gradient of the bucket is in: its reduction starts on the communication stream
+                # the bucket's last gradient is in: its reduction starts on the communication stream
                 ends.append(st.launch(cost(Op(reduce_op, 0, buckets[next_bucket][1] * e, reduce_op, "grad"))))
                 next_bucket += 1
                 need += buckets[next_bucket][0] if next_bucket < len(buckets) else 0
         if ends:
             st.wait(max(ends), "dp")
-    shard = sum(n // dp for _, n in buckets) if stage else local
-    st.run(max(0.0, optimizer_bytes(shard, e, optimizer) / bw), "optimizer")
-    if stage in (1, 2) and dp > 1:
-        for _, n in buckets:
-            st.sync(cost(Op("all_gather", 0, n * e, "all_gather", "grad")), "dp")
-    step = max(st.compute, st.comm)
 
-    padded = sum(n for _, n in buckets)
-    acts = activation_bytes(x)
-    memory = {"params": padded * e,
-              "grads": (shard if stage == 2 else padded) * e,
-              "optimizer": (shard if stage else padded) * e * MOMENTS[optimizer],
-              "activations": acts["embed"] + L * acts["block"] + acts["head"],
-              "buffers": 0.0}
-    memory["total"] = sum(memory.values())
-    terms = {k: st.terms.get(k, 0.0) for k in ("compute", "tp", "dp", "optimizer")}
-    return Prediction(step, terms, memory)
+
+def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, peak_acts, held) -> None:
+    """Every pipeline rank runs its passes in its schedule's order, as ``PipelineExecutor`` does: a receive
+    right before a pass whose input is on another rank (blocking), a send right after one whose output
+    another rank needs (asynchronous, waited for at the end of the step)."""
+    p = len(ranks)
+    nvs = len(stages)
+    pos = [0] * p
+    arrived: dict[tuple, float] = {}
+    sends: list[list[float]] = [[] for _ in range(p)]
+    live = [0.0] * p
+    while any(pos[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                op, mb, chunk = orders[r][pos[r]]
+                vs = chunk * p + r
+                src = vs - 1 if op == "F" else vs + 1
+                if 0 <= src < nvs and src % p != r:
+                    key = (op, mb, src)
+                    if key not in arrived:
+                        break
+                    ranks[r].recv(arrived.pop(key), "pp")
+                st = ranks[r]
+                if op == "F":
+                    run(st, stages[vs].forward)
+                    live[r] += held[vs]
+                    peak_acts[r] = max(peak_acts[r], live[r])
+                else:
+                    run(st, stages[vs].backward)
+                    live[r] -= held[vs]
+                dst = vs + 1 if op == "F" else vs - 1
+                if 0 <= dst < nvs and dst % p != r:
+                    t = st.send(dst % p, hop)
+                    arrived[(op, mb, vs)] = t
+                    sends[r].append(t)
+                pos[r] += 1
+                moved = True
+        if not moved:
+            raise RuntimeError("predict_train: the pipeline schedule deadlocks")  # stage_orders never does
+    for r in range(p):
+        if sends[r]:
+            ranks[r].wait(max(sends[r]), "pp")
 
 
 def _offered(op: str, algorithm: str | None) -> str | None:
