@@ -36,6 +36,11 @@ LAYOUTS = {
     "pp2 x dp2 zero1": ParallelConfig(pp=2, dp=2, microbatches=2, zero_stage=1),
     "pp2 x tp2": ParallelConfig(pp=2, tp=2, microbatches=2),
     "pp2 x tp2 x dp2": ParallelConfig(pp=2, tp=2, dp=2, microbatches=2),
+    "recompute full": ParallelConfig(recompute="full"),
+    "recompute every 2": ParallelConfig(recompute=2),
+    "recompute 1 layer/stage": ParallelConfig(recompute="full", recompute_layers=1),
+    "pp2 recompute x4": ParallelConfig(pp=2, microbatches=4, recompute="full"),
+    "dp2 x tp2 recompute": ParallelConfig(dp=2, tp=2, recompute="full"),
 }
 
 

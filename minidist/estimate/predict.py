@@ -168,8 +168,8 @@ def check_supported(model, parallel) -> None:
         missing.append("ZeRO-3 / FSDP")
     if parallel.sequence_parallel:
         missing.append("sequence parallelism")
-    if parallel.recompute is not None:
-        missing.append("recomputation")
+    if parallel.recompute == "selective":
+        missing.append("selective recomputation")
     if parallel.offload is not None:
         missing.append("offloading")
     if model.mlp != "gelu" or model.norm != "layernorm" or not model.bias or model.tie_embeddings:
@@ -200,16 +200,40 @@ def _even_cut(layers: int, pieces: int) -> list[tuple[int, int]]:
     return [(j * size, (j + 1) * size) for j in range(pieces)]
 
 
-class _Stage:
-    """What one virtual stage computes: its forward and backward op lists and its parameters."""
+def _segments(lo: int, hi: int, every: int | None, first: int | None) -> list[tuple[int, bool]]:
+    """``md.parallel.recompute.segments`` as (layers, checkpointed) pairs."""
+    if every is None:
+        return [(1, False)] * (hi - lo)
+    if first is not None:
+        return [(1, i < lo + first) for i in range(lo, hi)]
+    return [(min(i + every, hi) - i, True) for i in range(lo, hi, every)]
 
-    def __init__(self, x: Shard, lo: int, hi: int, first: bool, last: bool) -> None:
+
+class _Stage:
+    """What one virtual stage computes, its forward and backward op lists (a checkpointed segment runs its
+    forward again before its backward), the activations it keeps from forward to backward and the largest
+    segment it rebuilds, and its parameters in the order their gradients finish."""
+
+    def __init__(self, x: Shard, segments: list[tuple[int, bool]], first: bool, last: bool) -> None:
         self.first, self.last = first, last
-        self.forward = (embed_forward(x) if first else []) + block_forward(x) * (hi - lo) + (
-            head_forward(x) if last else [])
-        self.backward = (head_backward(x) if last else []) + block_backward(x) * (hi - lo) + (
-            embed_backward(x) if first else [])
-        self.finish_order = [n for op in self.backward for n in op.grads]  # the backward's order
+        acts = activation_bytes(x)
+        fwd, bwd, held, rebuilt, freed, self.rebuilt_after_frees = [], [], 0.0, 0.0, 0.0, 0.0
+        for k, checkpointed in segments:
+            fwd += block_forward(x) * k
+            bwd = (block_forward(x) * k if checkpointed else []) + block_backward(x) * k + bwd
+            held += x.t * x.h * x.e if checkpointed else k * acts["block"]  # a checkpoint keeps its output only
+            rebuilt = max(rebuilt, k * acts["block"] if checkpointed else 0.0)
+        for k, checkpointed in reversed(segments):
+            # without a pipeline each segment lets go of its activations once its backward is done, so a
+            # segment rebuilt late in the backward finds the later segments' memory already free
+            if checkpointed:
+                self.rebuilt_after_frees = max(self.rebuilt_after_frees, k * acts["block"] - freed)
+            freed += x.t * x.h * x.e if checkpointed else k * acts["block"]
+        self.forward = (embed_forward(x) if first else []) + fwd + (head_forward(x) if last else [])
+        self.backward = (head_backward(x) if last else []) + bwd + (embed_backward(x) if first else [])
+        self.held = held + (acts["embed"] if first else 0.0) + (acts["head"] if last else 0.0)
+        self.rebuilt = rebuilt
+        self.finish_order = [n for op in self.backward for n in op.grads]
 
 
 def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = None, *, dtype: str = "float64",
@@ -249,17 +273,18 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
                 st.sync(cost(op), op.axis)
 
     nvs = pp * v
-    stages = [_Stage(x, lo, hi, j == 0, j == nvs - 1) for j, (lo, hi) in enumerate(_even_cut(L, nvs))]
+    every = 1 if parallel.recompute == "full" else parallel.recompute if isinstance(parallel.recompute, int) else None
+    stages = [_Stage(x, _segments(lo, hi, every, parallel.recompute_layers), j == 0, j == nvs - 1)
+              for j, (lo, hi) in enumerate(_even_cut(L, nvs))]
     # a rank's parameters, in the order their gradients finish: its virtual stages from the last
     finish = [[n for c in reversed(range(v)) for n in stages[c * pp + r].finish_order] for r in range(pp)]
     buckets = [_buckets(f, parallel.bucket_bytes / e, dp) for f in finish]
     stage = parallel.zero_stage
     reduce_op = "all_reduce" if stage == 0 else "reduce_scatter"
-    acts = activation_bytes(x)
     # held from a pass's forward to its backward: its units' activations, the received input (not on the first
     # stage), and on the last stage the loss scaled inside the graph (the product and the weight it keeps)
-    held = [acts["block"] * (hi - lo) + (acts["embed"] if st.first else x.t * x.h * e) + (
-        acts["head"] + (2 * e if pp > 1 else 0) if st.last else 0) for st, (lo, hi) in zip(stages, _even_cut(L, nvs))]
+    held = [st.held + (0.0 if st.first else x.t * x.h * e) + (2 * e if st.last and pp > 1 else 0.0)
+            for st in stages]
 
     def reduce(st: _Streams, bks) -> None:
         """After a pipeline the data-parallel buckets reduce one after another; the program waits for all."""
@@ -276,7 +301,7 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
         starts = [r.compute for r in ranks]
         if pp == 1:
             _single_stage_step(ranks[0], stages[0], buckets[0], m, dp, stage, reduce_op, run, cost, e)
-            peak_acts[0] = held[0]
+            peak_acts[0] = held[0] + stages[0].rebuilt_after_frees
         else:
             link = cluster.intra_link  # neighbouring stages; the mesh keeps worlds of <= 8 in one node
             hop = link.alpha + x.t * x.h * e / link.beta
@@ -356,6 +381,7 @@ def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, 
                     live[r] += held[vs]
                     peak_acts[r] = max(peak_acts[r], live[r])
                 else:
+                    peak_acts[r] = max(peak_acts[r], live[r] + stages[vs].rebuilt)
                     run(st, stages[vs].backward)
                     live[r] -= held[vs]
                 dst = vs + 1 if op == "F" else vs - 1
