@@ -41,6 +41,10 @@ LAYOUTS = {
     "recompute 1 layer/stage": ParallelConfig(recompute="full", recompute_layers=1),
     "pp2 recompute x4": ParallelConfig(pp=2, microbatches=4, recompute="full"),
     "dp2 x tp2 recompute": ParallelConfig(dp=2, tp=2, recompute="full"),
+    "dp2 zero3": ParallelConfig(dp=2, zero_stage=3),
+    "dp2 zero3 no prefetch": ParallelConfig(dp=2, zero_stage=3, prefetch=0),
+    "dp4 zero3 prefetch 2 x2": ParallelConfig(dp=4, zero_stage=3, prefetch=2, microbatches=2),
+    "dp2 x tp2 zero3": ParallelConfig(dp=2, tp=2, zero_stage=3),
 }
 
 

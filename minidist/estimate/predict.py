@@ -35,6 +35,8 @@ from minidist.estimate.gpt_ops import (
     optimizer_bytes,
 )
 from minidist.estimate.pipeline import stage_orders
+from minidist.estimate.sharded_step import sharded_step
+from minidist.estimate.streams import Streams as _Streams
 from minidist.hardware.cluster import Cluster
 
 AXES = ("pp", "dp", "ep", "cp", "tp")  # the mesh's order, tp fastest (md.parallel.build_mesh)
@@ -50,52 +52,6 @@ class Prediction:
     step_time: float
     terms: dict[str, float] = field(default_factory=dict)
     memory: dict[str, float] = field(default_factory=dict)
-
-
-class _Streams:
-    """One rank's compute and communication streams and its outgoing links (``hardware.clock.Clock`` in
-    closed form)."""
-
-    def __init__(self) -> None:
-        self.compute = 0.0
-        self.comm = 0.0
-        self.terms: dict[str, float] = {}
-        self.link_free: dict[int, float] = {}
-
-    def add(self, term: str, seconds: float) -> None:
-        self.terms[term] = self.terms.get(term, 0.0) + seconds
-
-    def run(self, seconds: float, term: str) -> None:
-        self.compute += seconds
-        self.add(term, seconds)
-
-    def sync(self, seconds: float, term: str) -> None:
-        """A synchronous collective: after the program and after earlier communication."""
-        start = max(self.compute, self.comm)
-        self.add(term, start - self.compute + seconds)  # waiting for the comm stream counts as exposed
-        self.compute = self.comm = start + seconds
-
-    def launch(self, seconds: float) -> float:
-        """An asynchronous collective on the communication stream; returns its end."""
-        self.comm = max(self.compute, self.comm) + seconds
-        return self.comm
-
-    def wait(self, end: float, term: str) -> None:
-        """``Work.wait()``: the program and the communication stream continue after ``end``."""
-        if end > self.compute:
-            self.add(term, end - self.compute)
-            self.compute = end
-        self.comm = max(self.comm, end)
-
-    def send(self, dst: int, seconds: float) -> float:
-        """``isend``: the message leaves when the rank and the link are free; returns its arrival."""
-        start = max(self.compute, self.comm, self.link_free.get(dst, 0.0))
-        self.link_free[dst] = start + seconds
-        return start + seconds
-
-    def recv(self, arrival: float, term: str) -> None:
-        """A blocking receive: after the program, the communication stream and the message."""
-        self.wait(max(self.compute, self.comm, arrival), term)
 
 
 def _groups(parallel, cluster: Cluster) -> dict[str, tuple[int, list[int]]]:
@@ -164,8 +120,10 @@ def check_supported(model, parallel) -> None:
         missing.append("context parallelism (cp > 1)")
     if parallel.ep > 1 or model.n_experts:
         missing.append("mixture-of-experts layers")
-    if parallel.zero_stage == 3 or parallel.fsdp:
-        missing.append("ZeRO-3 / FSDP")
+    if parallel.fsdp:
+        missing.append("FSDP's root unit")
+    if parallel.zero_stage == 3 and (parallel.pp > 1 or parallel.recompute is not None):
+        missing.append("ZeRO-3 with a pipeline or recomputation")
     if parallel.sequence_parallel:
         missing.append("sequence parallelism")
     if parallel.recompute == "selective":
@@ -299,7 +257,9 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     peak_acts = [0.0] * pp
     for _ in range(steps):
         starts = [r.compute for r in ranks]
-        if pp == 1:
+        if stage == 3:
+            padded3, peak3 = sharded_step(ranks[0], x, L, m, dp, parallel.prefetch, run, cost)
+        elif pp == 1:
             _single_stage_step(ranks[0], stages[0], buckets[0], m, dp, stage, reduce_op, run, cost, e)
             peak_acts[0] = held[0] + stages[0].rebuilt_after_frees
         else:
@@ -312,6 +272,8 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
                     reduce(st, buckets[r])
         for r, st in enumerate(ranks):
             shard = sum(n // dp for _, n in buckets[r]) if stage else sum(finish[r])
+            if stage == 3:
+                shard = sum(padded3) // dp
             st.run(optimizer_bytes(shard, e, optimizer) / bw, "optimizer")
             if stage in (1, 2) and dp > 1:
                 for _, n in buckets[r]:
@@ -328,6 +290,9 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
               "optimizer": (shard if stage else padded) * e * MOMENTS[optimizer],
               "activations": peak_acts[worst],
               "buffers": 0.0}
+    if stage == 3:
+        shard = sum(padded3) // dp
+        memory = {"params": shard * e, "grads": shard * e, "optimizer": shard * e * MOMENTS[optimizer], **peak3}
     memory["total"] = sum(memory.values())
     slow = int(np.argmax(windows))
     terms = {k: ranks[slow].terms.get(k, 0.0) / steps for k in ("compute", "tp", "pp", "dp", "optimizer")}
