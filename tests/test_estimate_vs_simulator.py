@@ -45,6 +45,11 @@ LAYOUTS = {
     "dp2 zero3 no prefetch": ParallelConfig(dp=2, zero_stage=3, prefetch=0),
     "dp4 zero3 prefetch 2 x2": ParallelConfig(dp=4, zero_stage=3, prefetch=2, microbatches=2),
     "dp2 x tp2 zero3": ParallelConfig(dp=2, tp=2, zero_stage=3),
+    "cp2 ring zigzag": ParallelConfig(cp=2),
+    "cp4": ParallelConfig(cp=4),
+    "cp2 x tp2 x dp2": ParallelConfig(cp=2, tp=2, dp=2),
+    "cp2 x pp2": ParallelConfig(cp=2, pp=2, microbatches=2),
+    "cp2 zero3": ParallelConfig(cp=2, zero_stage=3),
 }
 
 
@@ -105,8 +110,8 @@ def test_parameter_units_follow_registration_order():
 
 
 def test_unmodelled_layouts_are_refused_by_name():
-    with pytest.raises(ValueError, match="context parallelism"):
-        predict_train(CFG, ParallelConfig(cp=2), BATCH)
+    with pytest.raises(ValueError, match="context parallelism other than ring"):
+        predict_train(CFG, ParallelConfig(cp=2, cp_method="ulysses"), BATCH)
     with pytest.raises(ValueError, match="grouped-query"):
         predict_train(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2),
                       ParallelConfig(), BATCH)

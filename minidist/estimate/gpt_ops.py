@@ -39,6 +39,7 @@ class Op:
     kind: str = "compute"
     axis: str = ""
     grads: tuple[int, ...] = ()  # parameters (element counts) whose gradient is final once this op is done
+    steps: tuple = ()  # ring attention: per step of the ring, the (flops, bytes) of each block it computes
 
 
 def _done(op: Op, *sizes: int) -> Op:
@@ -49,7 +50,7 @@ def _done(op: Op, *sizes: int) -> Op:
 class Shard:
     """The shapes one device sees for one micro-batch: ``b`` sequences of ``s`` tokens, model width ``h``,
     ``heads`` attention heads, MLP width ``ff``, vocabulary ``vocab``, split ``tp`` ways, ``e`` bytes per
-    element."""
+    element. With context parallelism ``s`` is this rank's share of the sequence, ``cp`` the ring's size."""
 
     b: int
     s: int
@@ -59,6 +60,7 @@ class Shard:
     vocab: int
     tp: int = 1
     e: int = 8
+    cp: int = 1
 
     @property
     def t(self) -> int:
@@ -127,10 +129,34 @@ def embed_forward(x: Shard) -> list[Op]:
 def embed_backward(x: Shard) -> list[Op]:
     t, h, s, e = x.t, x.h, x.s, x.e
     ops = [Op("add.backward", 0, e * (3 * t * h + t * h + s * h)),
-           _done(Op("embedding.backward", s * h, 8 * s + 2 * e * s * h), s * h)]
+           _done(Op("embedding.backward", s * h, 8 * s + 2 * e * s * h), s * x.cp * h)]
     if x.tp > 1:
         ops.append(Op("mul.backward", t * h, e * (2 * t * h + t * h + t)))
     return ops + [_done(Op("embedding.backward", t * h, 8 * t + 2 * e * t * h), x.v * h)]
+
+
+def zigzag_pairs(cp: int, rank: int, src: int) -> int:
+    """Blocks rank ``rank`` computes when it holds ``src``'s keys, the sequence cut into ``2 cp`` chunks and
+    rank r holding chunks r and 2 cp - 1 - r (``md.parallel.context_parallel``'s zigzag): a query chunk
+    skips a key chunk that lies wholly in its future."""
+    mine, theirs = (rank, 2 * cp - 1 - rank), (src, 2 * cp - 1 - src)
+    return sum(1 for q in mine for k in theirs if k <= q)
+
+
+def _ring(x: Shard, backward: bool) -> Op:
+    """Ring attention on rank 0 of the ring (with the zigzag cut every rank computes as many blocks at every
+    step, so rank 0 stands for all): the K/V block in flight is ``2 t hq`` elements; each block is a
+    (chunk x chunk) attention over the local heads, its backward recomputing the scores."""
+    c, d, e = x.s // 2, x.h // x.heads, x.e
+    rows = x.b * (x.heads // x.tp)
+    pairs = rows * c * c
+    if backward:
+        block = (2 * pairs * d + 2 * pairs * 4 * d + (TRANSCENDENTAL + 4) * pairs, e * rows * c * d * 8)
+    else:
+        block = (2 * pairs * 2 * d + (TRANSCENDENTAL + 4) * pairs, e * rows * c * d * 4)
+    steps = tuple((block,) * zigzag_pairs(x.cp, 0, (0 - t) % x.cp) for t in range(x.cp))
+    name = "ring_attention" + (".backward" if backward else "")
+    return Op(name, 0, 2 * e * x.t * x.hq, "ring", "cp", steps=steps)
 
 
 def block_forward(x: Shard) -> list[Op]:
@@ -142,7 +168,11 @@ def block_forward(x: Shard) -> list[Op]:
     ops = [ln]
     for _ in "qkv":
         ops += [_matmul(t, h, hq, e), _add(t * hq, hq, e)]
-    ops.append(Op("scaled_dot_product_attention", 4 * d * x.pairs + (TRANSCENDENTAL + 4) * x.pairs, 4 * e * t * hq))
+    if x.cp > 1:
+        ops.append(_ring(x, backward=False))
+    else:
+        ops.append(Op("scaled_dot_product_attention", 4 * d * x.pairs + (TRANSCENDENTAL + 4) * x.pairs,
+                      4 * e * t * hq))
     if x.heads_copied:
         ops.append(Op("reshape", 0, 2 * e * t * hq))
     ops.append(_matmul(t, hq, h, e))
@@ -168,10 +198,15 @@ def block_backward(x: Shard) -> list[Op]:
     # the merge of heads needs no copy back: the incoming gradient is contiguous, its reshape a view
     ops += [ln, _add_backward(t * h, t * h, e), _done(_add_backward(t * h, h, e), h),
             *_row_parallel_backward(t, hq, h, e, x.tp)]
-    ops.append(Op("scaled_dot_product_attention.backward", 8 * d * x.pairs + 4 * x.pairs,
-                  e * (3 * t * hq + 2 * x.pairs + 4 * t * hq)))
-    for _ in "vkq":
-        if x.heads_copied:
+    if x.cp > 1:
+        ops.append(_ring(x, backward=True))
+    else:
+        ops.append(Op("scaled_dot_product_attention.backward", 8 * d * x.pairs + 4 * x.pairs,
+                      e * (3 * t * hq + 2 * x.pairs + 4 * t * hq)))
+    for name in "vkq":
+        # a gradient laid out (B, heads, T, d) is copied back into (B, T, heads d); ring attention builds q's in
+        # q's own memory order (zeros_like keeps it), so only k's and v's are copied there
+        if x.heads_copied and not (name == "q" and x.cp > 1):
             ops.append(Op("reshape.backward", 0, 2 * e * t * hq))
         ops += [_done(_add_backward(t * hq, hq, e), hq), _done(_matmul_backward(t, h, hq, e), h * hq)]
     if x.tp > 1:
@@ -226,6 +261,8 @@ def activation_bytes(x: Shard) -> dict[str, float]:
     embed = e * (2 * t * h + s * h) + 8 * (t + s)
     merged = 9 if x.heads_copied else 8  # merging one head is a view, not a new buffer
     block = e * (t * (10 * h + merged * x.hq + 4 * x.f + 2) + x.pairs)
+    if x.cp > 1:  # ring attention keeps neither the probabilities nor a separate output of its own
+        block -= e * (x.pairs + t * x.hq)
     if x.tp == 1:
         head = e * (2 * t * x.v + 2 * t * h + 3 * t + 1) + 9 * t
     else:

@@ -116,8 +116,8 @@ def check_supported(model, parallel) -> None:
     if parallel.pp > 1 and (parallel.schedule not in ("1f1b", "gpipe", "interleaved") or parallel.zero_stage > 1
                             or parallel.pp_balance != "even" or model.n_layers % pieces):
         missing.append("pipelines other than gpipe, 1f1b and interleaved with ZeRO <= 1 and an even cut of the layers")
-    if parallel.cp > 1:
-        missing.append("context parallelism (cp > 1)")
+    if parallel.cp > 1 and (parallel.cp_method != "ring" or parallel.cp_layout != "zigzag"):
+        missing.append("context parallelism other than ring attention on the zigzag layout")
     if parallel.ep > 1 or model.n_experts:
         missing.append("mixture-of-experts layers")
     if parallel.fsdp:
@@ -214,8 +214,10 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
         raise ValueError(f"predict_train: global_batch={global_batch} must split evenly over dp x microbatches "
                          f"= {dp * m} (uneven splits are not modelled)")
     groups = _groups(parallel, cluster)
-    x = Shard(global_batch // (dp * m), model.seq_len, model.d_model, model.n_heads, model.d_ff, model.vocab_size,
-              tp, e)
+    shards = groups["grad"][0]  # the replicas of a weight: dp x cp (x ep), over which gradients are summed
+    cp = parallel.cp
+    x = Shard(global_batch // (dp * m), model.seq_len // cp, model.d_model, model.n_heads, model.d_ff,
+              model.vocab_size, tp, e, cp)
     algorithm = parallel.algorithm
 
     def cost(op: Op) -> float:
@@ -223,10 +225,14 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
             return max(op.flops / peak, op.nbytes / bw)
         return _collective(op.kind, op.nbytes, groups[op.axis], cluster, _offered(op.kind, algorithm))
 
+    cp_link = cluster.intra_link if len(groups["cp"][1]) == 1 else cluster.inter_link
+
     def run(st: _Streams, ops: list[Op]) -> None:
         for op in ops:
             if op.kind == "compute":
                 st.run(cost(op), "compute")
+            elif op.kind == "ring":
+                _ring(st, op, cp_link.alpha + op.nbytes / cp_link.beta, peak, bw)
             else:
                 st.sync(cost(op), op.axis)
 
@@ -236,7 +242,7 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
               for j, (lo, hi) in enumerate(_even_cut(L, nvs))]
     # a rank's parameters, in the order their gradients finish: its virtual stages from the last
     finish = [[n for c in reversed(range(v)) for n in stages[c * pp + r].finish_order] for r in range(pp)]
-    buckets = [_buckets(f, parallel.bucket_bytes / e, dp) for f in finish]
+    buckets = [_buckets(f, parallel.bucket_bytes / e, shards) for f in finish]
     stage = parallel.zero_stage
     reduce_op = "all_reduce" if stage == 0 else "reduce_scatter"
     # held from a pass's forward to its backward: its units' activations, the received input (not on the first
@@ -258,9 +264,9 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     for _ in range(steps):
         starts = [r.compute for r in ranks]
         if stage == 3:
-            padded3, peak3 = sharded_step(ranks[0], x, L, m, dp, parallel.prefetch, run, cost)
+            padded3, peak3 = sharded_step(ranks[0], x, L, m, shards, parallel.prefetch, run, cost)
         elif pp == 1:
-            _single_stage_step(ranks[0], stages[0], buckets[0], m, dp, stage, reduce_op, run, cost, e)
+            _single_stage_step(ranks[0], stages[0], buckets[0], m, shards, stage, reduce_op, run, cost, e)
             peak_acts[0] = held[0] + stages[0].rebuilt_after_frees
         else:
             link = cluster.intra_link  # neighbouring stages; the mesh keeps worlds of <= 8 in one node
@@ -268,14 +274,14 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
             orders = stage_orders(parallel.schedule, pp, m, v)
             _walk(ranks, orders, stages, hop, run, peak_acts, held)
             for r, st in enumerate(ranks):
-                if dp > 1:
+                if shards > 1:
                     reduce(st, buckets[r])
         for r, st in enumerate(ranks):
-            shard = sum(n // dp for _, n in buckets[r]) if stage else sum(finish[r])
+            shard = sum(n // shards for _, n in buckets[r]) if stage else sum(finish[r])
             if stage == 3:
-                shard = sum(padded3) // dp
+                shard = sum(padded3) // shards
             st.run(optimizer_bytes(shard, e, optimizer) / bw, "optimizer")
-            if stage in (1, 2) and dp > 1:
+            if stage in (1, 2) and shards > 1:
                 for _, n in buckets[r]:
                     st.sync(cost(Op("all_gather", 0, n * e, "all_gather", "grad")), "dp")
             st.wait(max(st.compute, st.comm), "dp")
@@ -284,14 +290,14 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     totals = [sum(n for _, n in buckets[r]) * e * (2 + MOMENTS[optimizer]) + peak_acts[r] for r in range(pp)]
     worst = int(np.argmax(totals))  # the fullest stage (state counted as for ZeRO-0, enough to rank them)
     padded = sum(n for _, n in buckets[worst])
-    shard = sum(n // dp for _, n in buckets[worst]) if stage else sum(finish[worst])
+    shard = sum(n // shards for _, n in buckets[worst]) if stage else sum(finish[worst])
     memory = {"params": padded * e,
               "grads": (shard if stage == 2 else padded) * e,
               "optimizer": (shard if stage else padded) * e * MOMENTS[optimizer],
               "activations": peak_acts[worst],
               "buffers": 0.0}
     if stage == 3:
-        shard = sum(padded3) // dp
+        shard = sum(padded3) // shards
         memory = {"params": shard * e, "grads": shard * e, "optimizer": shard * e * MOMENTS[optimizer], **peak3}
     memory["total"] = sum(memory.values())
     slow = int(np.argmax(windows))
@@ -369,3 +375,29 @@ def _offered(op: str, algorithm: str | None) -> str | None:
                               "hierarchical"),
                "reduce_scatter": ("ring", "halving_doubling"), "all_gather": ("ring", "halving_doubling")}
     return algorithm if algorithm in offered.get(op, ()) else None
+
+
+def _ring(st: _Streams, op: Op, hop: float, peak: float, bw: float) -> None:
+    """Ring attention (``md.parallel.context_parallel.RingAttention``) on one rank of a symmetric ring: each
+    step posts the K/V block to the successor and takes the predecessor's (the same arrival time, by
+    symmetry), computes its blocks meanwhile, then waits. The backward also passes each block's gradient
+    accumulator on after every step, behind the K/V message on the same link, and receives its own home."""
+    def blocks(step) -> None:
+        for flops, nbytes in step:
+            st.run(max(flops / peak, nbytes / bw), "compute")
+
+    p = len(op.steps)
+    if not op.name.endswith("backward"):
+        for t, step in enumerate(op.steps):
+            arrival = st.send(1, hop) if t < p - 1 else None
+            blocks(step)
+            if arrival is not None:
+                st.wait(arrival, "cp")
+        return
+    acc = None  # arrival of the accumulator sent at the previous step
+    for t, step in enumerate(op.steps):
+        ends = [st.send(1, hop)] if t < p - 1 else []
+        blocks(step)
+        st.wait(max(ends + ([acc] if acc is not None else []) + [st.compute]), "cp")
+        acc = st.send(1, hop)
+    st.wait(acc, "cp")
