@@ -115,3 +115,14 @@ def test_unmodelled_layouts_are_refused_by_name():
     with pytest.raises(ValueError, match="grouped-query"):
         predict_train(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2),
                       ParallelConfig(), BATCH)
+
+
+def test_arguments_are_checked_by_name():
+    with pytest.raises(ValueError, match="^predict_train: global_batch"):
+        predict_train(CFG, ParallelConfig(), float("nan"))
+    with pytest.raises(ValueError, match="^predict_train: steps"):
+        predict_train(CFG, ParallelConfig(), BATCH, steps=0)
+    with pytest.raises(TypeError, match="^predict_train: parallel must be an md.parallel.ParallelConfig"):
+        predict_train(CFG, {"dp": 2}, BATCH)
+    with pytest.raises(ValueError, match="split evenly"):
+        predict_train(CFG, ParallelConfig(dp=3), BATCH)

@@ -4,7 +4,9 @@ No processes, no state: the engineer's calculator and the labs' formula side. SI
 (bytes, seconds, FLOPs, FLOP/s, bytes/s; alpha in seconds, beta in bytes/s per direction).
 Modules, one per part of the book: roofline, comm, flops, memory, pipeline, strategies, scaling,
 reliability, economics, frontier; models and clusters (named configs); perf (the step-time model),
-calibration (its two constants, fitted on Megatron 2021) and planner. See README.md beside this file.
+calibration (its two constants, fitted on Megatron 2021) and planner; gpt_ops, streams, sharded_step and
+predict (``predict_train``: a run of ``md.parallel.train`` predicted op by op, equal to the simulator).
+See README.md beside this file.
 """
 
 from minidist.estimate.calibration import CALIBRATED, fit_efficiency, predict_megatron_tflops
@@ -73,8 +75,10 @@ from minidist.estimate.pipeline import (
     pipeline_bubble,
     pipeline_efficiency,
     stage_balance_efficiency,
+    stage_orders,
 )
 from minidist.estimate.planner import format_table, plan
+from minidist.estimate.predict import Prediction, predict_train
 from minidist.estimate.reliability import (
     checkpoint_blocking_time,
     checkpoint_overhead,
@@ -134,6 +138,7 @@ __all__ = [
     "MODELS", "moe_params", "offload_gpu_bytes", "offload_min_tokens", "OPS", "optimal_checkpoint_interval",
     "overlapped_time", "padded_heads", "pipeline_bubble", "pipeline_efficiency", "plan",
     "powersgd_compression_ratio", "pp_activation_bytes", "pp_comm_bytes_total", "predict_megatron_tflops",
+    "predict_train", "Prediction", "stage_orders",
     "prefetch_depth", "quantization_compression_ratio", "recompute_overhead", "required_mfu", "ridge_point",
     "ring_tree_crossover_bytes", "roofline_time", "scaled_learning_rate", "spot_effective_rate",
     "stage_balance_efficiency", "step_time", "steps_to_target", "system_mtbf", "tokens_per_second",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minidist.estimate._check import choice, count
 from minidist.estimate.comm import collective_time, hierarchical_all_reduce_time
 from minidist.estimate.gpt_ops import (
     Op,
@@ -203,6 +204,16 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     the slowest rank's: pipeline stages start a step when they finish the previous one, so the first step
     can differ from the next.
     """
+    fn = "predict_train"
+    for name, obj, attrs in (("model", model, ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "d_ff")),
+                             ("parallel", parallel, ("dp", "tp", "pp", "cp", "ep", "zero_stage", "microbatches"))):
+        missing = [a for a in attrs if not hasattr(obj, a)]
+        if missing:
+            kind = "an md.nn.GPTConfig" if name == "model" else "an md.parallel.ParallelConfig"
+            raise TypeError(f"{fn}: {name} must be {kind}, got {type(obj).__name__} without {missing}")
+    count(fn, "global_batch", global_batch)
+    count(fn, "steps", steps)
+    choice(fn, "optimizer", optimizer, tuple(MOMENTS))
     check_supported(model, parallel)
     cluster = Cluster() if cluster is None else cluster
     e = np.dtype(dtype).itemsize
