@@ -98,7 +98,10 @@ def test_pipeline_conventions_and_schedules():
     p, m = 8, 64
     assert E.pipeline_bubble(p, m, "zb-h1") == approx(0.035, abs=0.0005)  # the outline's verified 3.5%
     assert E.pipeline_bubble(p, m, "zb-h2") == 0
-    assert E.pipeline_bubble(p, m, "dualpipe", relative_to="ideal") == approx((p - 1) / (2 * m))
+    # DeepSeek-V3 (Table 2): (p/2 - 1)(F&B + B - 3W) = p - 2 with F = I = W = 1, over 3m of work
+    assert E.pipeline_bubble(p, m, "dualpipe", relative_to="ideal") == approx((p - 2) / (3 * m))
+    assert E.pipeline_bubble(p, m, "dualpipe") < E.pipeline_bubble(p, m, "zb-h1") < E.pipeline_bubble(p, m, "1f1b") / 2
+    assert E.inflight_microbatches(p, 4 * p, "dualpipe") == p + 1
     for sched in ("1f1b", "zb-h1", "dualpipe"):
         r = E.pipeline_bubble(p, m, sched, relative_to="ideal")
         assert E.pipeline_bubble(p, m, sched) == approx(r / (1 + r))

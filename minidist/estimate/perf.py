@@ -18,18 +18,23 @@ Model, for the slowest (last) pipeline stage and one micro-batch of b sequences 
   ``gemm`` and ``overhead_bytes`` are the two calibrated constants (see calibration.py).
 - TP: 4 all-reduces of t h 2 bytes per layer (6 in a recomputed layer), ring on NVLink, exposed.
 - CP: ring attention passes K,V chunks (cp - 1) times forward and twice that backward; hidden behind
-  the attention compute when shorter. EP: 4 all-to-alls of t k h 2 bytes per MoE layer (6 with full
-  recompute), exposed. PP: an activation (t h 2 / tp bytes) forward and a gradient back per
-  micro-batch and virtual stage, exposed.
+  the chunk's causal attention (half the non-causal count) when shorter. EP: 4 all-to-alls of t k h 2
+  bytes per MoE layer (6 with full recompute), exposed except the share ``ep_overlap`` (all of it under
+  DualPipe) that runs under compute. PP: an activation (t h 2 / tp bytes) forward and a gradient back
+  per micro-batch and virtual stage, exposed.
 - Pipeline: m t_mb of work spread over busy / (1 - bubble) (``pipeline_bubble``).
-- DP: gradients of the local weights (2 bytes each) reduced with the two-level all-reduce over the
-  dp x cp group (x 1.5 m for ZeRO-3, which gathers weights twice and reduce-scatters grads per
-  micro-batch); a fraction ``dp_overlap`` of it hides behind the backward pass (the whole compute for
-  ZeRO-3), never more than that compute; then a memory-bound optimizer step (36 bytes of HBM traffic
-  per local sharded weight).
-Memory per GPU: weights / grads / optimizer by ZeRO stage over dp x cp, activations (Korthikanti) x
-micro-batches in flight (dense coefficients, also for MoE models), buffers (fp32 logits and their
-gradient; ZeRO-3's gathered layer x 2). MFU is the book's 6 Psi tokens / (time P F) with Psi the
+- DP: gradients of the local weights (2 bytes each, 4 with fp32 main gradients) reduced with the
+  two-level all-reduce over the dp x cp group; a fraction ``dp_overlap`` of it hides behind the backward
+  pass, never more than that compute. ZeRO-3 gathers each layer 2 + r times per micro-batch (forward,
+  backward, and again for the recomputed share r) and reduce-scatters it once, on rings over the group
+  at the per-GPU network bandwidth with p - 1 latencies per layer; ``dp_overlap`` of it hides behind
+  all of the compute except the first layer's gather. Then a memory-bound optimizer step (36 bytes of
+  HBM traffic per local sharded weight).
+Memory per GPU, on the fullest stage (its layers plus the embedding matrix or the head): weights / grads
+/ optimizer by ZeRO stage over dp x cp (two stages' worth under DualPipe), activations (Korthikanti) x
+micro-batches in flight (dense coefficients, also for MoE models) plus one whole layer while full
+recomputation rebuilds it, buffers (fp32 logits and their gradient; ZeRO-3's gathered layer x 2).
+MFU is the book's 6 Psi tokens / (time P F) with Psi the
 active weights; ``tflops_per_gpu`` adds the attention FLOPs. Rank order is tp (innermost), cp, dp
 (ep borrows dp), pp (outermost), so tp stays inside a node.
 """
@@ -73,6 +78,7 @@ class Layout:
     sp: bool = True
     flash: bool = True  # FlashAttention: never stores the s x s scores, recomputes them in the backward
     recompute_layers: int | None = None  # with recompute="full": how many layers per stage (None = all)
+    fp32_grads: bool = False  # Megatron's main gradients in fp32: 18 bytes per parameter instead of 16
 
     @property
     def gpus(self) -> int:
@@ -126,9 +132,11 @@ def _dp_reduce_time(nbytes: float, group: int, tp: int, cluster: ClusterSpec) ->
 
 def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, global_batch: int, seq_len: int,
                     efficiency: Efficiency, *, dp_overlap: float = 0.8, dtype: str = "bf16",
-                    hbm_usable: float = 0.9) -> Estimate:
+                    hbm_usable: float = 0.9, ep_overlap: float | None = None) -> Estimate:
     """Predict one layout. Checks only that the batch splits into whole micro-batches; the planner applies
-    the other filters (divisibility of heads and layers, memory)."""
+    the other filters (divisibility of heads and layers, memory). ``ep_overlap``: the share of the expert
+    all-to-alls hidden behind compute (default: all of it under DualPipe, which is built for that, none
+    otherwise)."""
     L, h, V, s = model.layers, model.hidden, model.vocab, seq_len
     tp, pp, dp, cp, ep, b = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep, layout.micro_batch
     g = cluster.gpu
@@ -168,7 +176,9 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
         link = cluster.link_for(tp * cp)
         kv_chunk = 2 * b * (s / cp) * model.kv_heads * model.head_dim * 2 / tp
         ring = 3 * (cp - 1) * (link.alpha + kv_chunk / link.beta)  # forward once, backward twice
-        attn_time = attn_fwd * attn_passes / (peak * efficiency.gemm)
+        # the ring hides behind the chunk's causal attention only: half the (query, key) pairs are masked and a
+        # balanced (zigzag) ring skips them, so half of the non-causal count is there to overlap
+        attn_time = 0.5 * attn_fwd * attn_passes / (peak * efficiency.gemm)
         t_cp = layers_stage * max(0.0, ring - attn_time)
     t_ep = 0.0
     if ep > 1:
@@ -176,6 +186,8 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
         n_a2a = 4 + 2 * r
         tokens_bytes = t * model.top_k * h * 2 / (tp if layout.sp else 1)
         t_ep = n_a2a * moe_stage * collective_time("all_to_all", tokens_bytes, ep, link.alpha, link.beta)
+        hide = (1.0 if layout.schedule == "dualpipe" else 0.0) if ep_overlap is None else ep_overlap
+        t_ep -= min(hide * t_ep, t_compute)  # DualPipe runs one direction's all-to-all under the other's compute
     t_pp = 0.0
     if pp > 1:
         link = cluster.inter if tp * cp * dp >= cluster.gpus_per_node else cluster.intra  # stage stride
@@ -187,13 +199,31 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     pipe = busy / (1 - bubble_frac)
 
     # --- data-parallel gradient reduction and optimizer ---
-    local_params = model.dense_params / (tp * pp) + model.expert_params / (tp * pp * ep)
+    # the fullest stage's weights: its layers plus the embedding matrix (first stage) or the head (last stage),
+    # both on a lone stage (one matrix when tied); Megatron keeps a tied matrix on both ends of a pipeline
+    layer_dense = (model.dense_params - model.embedding_params) / L
+    ends = (1 if model.tied else 2) if pp == 1 else 1
+    local_params = (layers_stage * layer_dense + ends * model.vocab * h) / tp + model.expert_params / (tp * pp * ep)
     shard = dp * cp
-    # ZeRO-3 gathers the weights forward and backward and reduce-scatters the grads every micro-batch
-    t_dp = _dp_reduce_time(local_params * 2, shard, tp, cluster) * (1.5 * m if layout.zero_stage == 3 else 1.0)
-    # overlap hides at most the compute it runs under: the backward (2/3), or all of it for ZeRO-3
-    window = m * t_compute * (1.0 if layout.zero_stage == 3 else 2 / 3)
-    dp_exposed = t_dp - min(dp_overlap * t_dp, window)
+    grad_bytes = 4 if layout.fp32_grads else 2
+    if layout.zero_stage == 3:
+        # every micro-batch gathers the weights for the forward, again for the backward and once more for the
+        # recomputed share, and reduce-scatters the gradients: 2 + r gathers, not the 1.5 all-reduces of the
+        # DP count. The group's rings leave the node through each GPU's own NIC (one GPU of the group per node
+        # once tp x cp fills it), so they run at the network's per-GPU bandwidth. Overlap hides them behind
+        # the compute of the micro-batch, except the first layer's gather, which nothing precedes.
+        # Each layer is its own unit (one gather, one reduce-scatter), so a ring's p - 1 latencies are paid per
+        # layer: at a few thousand ranks that alone is seconds per step.
+        link = cluster.link_for(tp * cp * shard)
+        unit = local_params / layers_stage
+        t_ag = collective_time("all_gather", unit * 2, shard, link.alpha, link.beta)
+        t_rs = collective_time("reduce_scatter", unit * grad_bytes, shard, link.alpha, link.beta)
+        t_dp = m * layers_stage * ((2 + r) * t_ag + t_rs)
+        dp_exposed = t_dp - min(dp_overlap * t_dp, m * t_compute) + t_ag
+    else:
+        t_dp = _dp_reduce_time(local_params * grad_bytes, shard, tp, cluster)
+        # overlap hides at most the compute it runs under: the backward, 2/3 of it
+        dp_exposed = t_dp - min(dp_overlap * t_dp, m * t_compute * 2 / 3)
     t_opt = 36 * local_params / (shard if layout.zero_stage >= 1 else 1) / hbm_bw
 
     step = pipe + dp_exposed + t_opt
@@ -202,7 +232,9 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     comm = {"tp": m * t_tp, "cp": m * t_cp, "ep": m * t_ep, "pp": m * t_pp, "dp": dp_exposed}
 
     # --- memory on the fullest stage ---
-    state = model_state_breakdown(local_params, layout.zero_stage, shard)
+    state = model_state_breakdown(local_params, layout.zero_stage, shard, 2, grad_bytes, 12)
+    if layout.schedule == "dualpipe" and pp > 1:  # each GPU holds two stages, one per direction (DeepSeek-V3)
+        state = {k: 2 * v for k, v in state.items()}
     inflight = inflight_microbatches(pp, m, layout.schedule, layout.virtual) if pp > 1 else 1
     heads = model.heads
     rc = "selective" if layout.flash and layout.recompute is None else layout.recompute
@@ -212,6 +244,8 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
         kept = activation_bytes(s_local, b, h, heads, layers_stage, tp, layout.sp,
                                 "selective" if layout.flash else None)
         acts = r * acts + (1 - r) * kept
+    if layout.recompute == "full":  # the layer being rebuilt holds its whole activations during its backward
+        acts += activation_bytes(s_local, b, h, heads, 1, tp, layout.sp, "selective" if layout.flash else None)
     buffers = 2 * 4 * t * V / tp
     if layout.zero_stage == 3:
         buffers += 2 * 2 * (layer_active + model.expert_params / max(1, moe_layers or 1) / ep) / tp

@@ -25,7 +25,11 @@ def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: in
         return (p - 1) / (3 * m)
     if schedule == "zb-h2":  # fills the bubble completely at (2p-1) micro-batches of activation memory
         return 0.0
-    return (p - 1) / (2 * m)  # dualpipe (ch31a, ch35): half of 1F1B
+    # dualpipe (DeepSeek-V3 report, Table 2): bubble (p/2 - 1)(F&B + B - 3W), with F&B the time of a forward
+    # and a backward chunk run together (F + B: overlapping them hides communication, not compute), so with
+    # F = I = W = 1 the bubble is 2 (p/2 - 1) = p - 2 over m (F + B) = 3m of work: less than ZB-H1's (p-1)/(3m)
+    # and far below half of 1F1B's, the earlier rule of thumb
+    return (p - 2) / (3 * m) if p > 2 else 0.0
 
 
 def pipeline_bubble(stages: int, microbatches: int, schedule: str = "1f1b", virtual: int = 1,
@@ -34,8 +38,8 @@ def pipeline_bubble(stages: int, microbatches: int, schedule: str = "1f1b", virt
 
     relative_to="total" (default): bubble / (work + bubble), i.e. gpipe and 1f1b (p-1)/(m+p-1);
     interleaved with v virtual stages per device (p-1)/(m v + p-1); zb-h1 (p-1)/(3m + p-1);
-    zb-h2 0; dualpipe (p-1)/(2m + p-1).
-    relative_to="ideal": bubble / work, i.e. (p-1)/m, (p-1)/(m v), (p-1)/(3m), 0, (p-1)/(2m).
+    zb-h2 0; dualpipe (p-2)/(3m + p-2) (DeepSeek-V3's (p/2 - 1)(F&B + B - 3W) with F = I = W).
+    relative_to="ideal": bubble / work, i.e. (p-1)/m, (p-1)/(m v), (p-1)/(3m), 0, (p-2)/(3m).
     """
     fn = "pipeline_bubble"
     p, m, v = count(fn, "stages", stages), count(fn, "microbatches", microbatches), count(fn, "virtual", virtual)
@@ -54,8 +58,8 @@ def pipeline_efficiency(stages: int, microbatches: int, schedule: str = "1f1b", 
 
 def inflight_microbatches(stages: int, microbatches: int, schedule: str = "1f1b", virtual: int = 1) -> float:
     """Micro-batches of activations the first stage holds at peak: m for GPipe, min(p, m) for 1F1B and
-    ZB-H1, (2p-1) for ZB-H2, 2p for DualPipe; interleaved holds p (1 + (p-1)/(p v)) stage-equivalents
-    (Narayanan et al. 2021)."""
+    ZB-H1, (2p-1) for ZB-H2, p + 1 for DualPipe (DeepSeek-V3 report, Table 2); interleaved holds
+    p (1 + (p-1)/(p v)) stage-equivalents (Narayanan et al. 2021)."""
     fn = "inflight_microbatches"
     p, m, v = count(fn, "stages", stages), count(fn, "microbatches", microbatches), count(fn, "virtual", virtual)
     choice(fn, "schedule", schedule, SCHEDULES)
@@ -66,7 +70,7 @@ def inflight_microbatches(stages: int, microbatches: int, schedule: str = "1f1b"
     if schedule == "zb-h2":
         return min(m, 2 * p - 1)
     if schedule == "dualpipe":
-        return min(m, 2 * p)
+        return min(m, p + 1)
     return min(p, m)
 
 
