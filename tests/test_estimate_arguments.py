@@ -103,7 +103,8 @@ EXAMPLES: dict[str, dict] = {
 }
 # not plain numbers in, number out: configs, fits, tables, the planner (checked in their own tests)
 SKIP = {"cluster", "model", "estimate_layout", "fit_efficiency", "format_table", "plan", "predict_megatron_tflops",
-        "tp_all_reduces_per_layer", "predict_train"}
+        "tp_all_reduces_per_layer", "predict_train", "grid_search", "hierarchical_search", "evolutionary_search",
+        "advise", "check_rules"}
 BAD = (math.nan, math.inf, -math.inf)
 
 

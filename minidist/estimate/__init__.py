@@ -4,7 +4,7 @@ No processes, no state: the engineer's calculator and the labs' formula side. SI
 (bytes, seconds, FLOPs, FLOP/s, bytes/s; alpha in seconds, beta in bytes/s per direction).
 Modules, one per part of the book: roofline, comm, flops, memory, pipeline, strategies, scaling,
 reliability, economics, frontier; models and clusters (named configs); perf (the step-time model),
-calibration (its two constants, fitted on Megatron 2021) and planner; gpt_ops, streams, sharded_step and
+calibration (its two constants, fitted on Megatron 2021), planner and search; gpt_ops, streams, sharded_step and
 predict (``predict_train``: a run of ``md.parallel.train`` predicted op by op, equal to the simulator).
 See README.md beside this file.
 """
@@ -106,6 +106,15 @@ from minidist.estimate.scaling import (
     scaled_learning_rate,
     steps_to_target,
 )
+from minidist.estimate.search import (
+    RULES,
+    SearchResult,
+    advise,
+    check_rules,
+    evolutionary_search,
+    grid_search,
+    hierarchical_search,
+)
 from minidist.estimate.strategies import (
     cp_ring_bytes_per_layer,
     dp_all_reduce_bytes,
@@ -138,7 +147,8 @@ __all__ = [
     "MODELS", "moe_params", "offload_gpu_bytes", "offload_min_tokens", "OPS", "optimal_checkpoint_interval",
     "overlapped_time", "padded_heads", "pipeline_bubble", "pipeline_efficiency", "plan",
     "powersgd_compression_ratio", "pp_activation_bytes", "pp_comm_bytes_total", "predict_megatron_tflops",
-    "predict_train", "Prediction", "stage_orders",
+    "predict_train", "Prediction", "stage_orders", "grid_search", "hierarchical_search", "evolutionary_search",
+    "advise", "check_rules", "RULES", "SearchResult",
     "prefetch_depth", "quantization_compression_ratio", "recompute_overhead", "required_mfu", "ridge_point",
     "ring_tree_crossover_bytes", "roofline_time", "scaled_learning_rate", "spot_effective_rate",
     "stage_balance_efficiency", "step_time", "steps_to_target", "system_mtbf", "tokens_per_second",

@@ -68,8 +68,33 @@ def plan(model: ModelConfig | str, cluster: ClusterSpec | str, gpus: int, global
     for mb in micro_batches:
         count(fn, "micro_batches", mb)
 
-    L = mdl.layers
     results: list[Estimate] = []
+    for point in layout_points(mdl, cl, n, gb, s, zero_stages=zero_stages, recompute=recompute,
+                               micro_batches=micro_batches, schedules=schedules, max_cp=max_cp, strict_pp=strict_pp,
+                               cp_within_node=cp_within_node):
+        best = None
+        for lay in point:
+            est = _fastest_fit(mdl, cl, lay, gb, s, efficiency, dp_overlap, dtype, hbm_usable, partial_recompute)
+            if est is not None and (best is None or est.step_time < best.step_time):
+                best = est
+        if best is not None:
+            results.append(best)
+    if not results:
+        raise ValueError(f"{fn}: no layout of {mdl.name} fits on {n} x {cl.gpu.name} with global_batch={gb}, "
+                         f"seq_len={s}")
+    results.sort(key=lambda e: e.step_time)
+    return results[:top]
+
+
+def layout_points(mdl: ModelConfig, cl: ClusterSpec, n: int, gb: int, s: int, *,
+                  zero_stages: tuple[int, ...] = (1, 2, 3), recompute: tuple[str | None, ...] = (None, "full"),
+                  micro_batches: tuple[int, ...] = (1, 2, 4, 8),
+                  schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1"), max_cp: int = 16,
+                  strict_pp: bool = False, cp_within_node: bool = True):
+    """The pruned grid: every point that passes the divisibility and topology filters, as the list of its
+    ZeRO-stage variants (the planner keeps the fastest that fits). Order: tp, cp, pp, ep, micro-batch,
+    schedule, recomputation."""
+    L = mdl.layers
     for tp in _powers_of_two(cl.gpus_per_node):
         if mdl.heads % tp or (mdl.kv_heads % tp and tp % mdl.kv_heads):
             continue
@@ -95,23 +120,9 @@ def plan(model: ModelConfig | str, cluster: ClusterSpec | str, gpus: int, global
                         m = gb // (dp * mb)
                         for sched, v in _schedules(pp, m, math.ceil(L / pp), schedules):
                             for rc in recompute:
-                                best = None
-                                for z in sorted(zero_stages):
-                                    if pp > 1 and z > 1:
-                                        continue
-                                    lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=z, recompute=rc,
-                                                 micro_batch=mb, schedule=sched, virtual=v, sp=tp > 1)
-                                    est = _fastest_fit(mdl, cl, lay, gb, s, efficiency, dp_overlap, dtype,
-                                                       hbm_usable, partial_recompute)
-                                    if est is not None and (best is None or est.step_time < best.step_time):
-                                        best = est
-                                if best is not None:
-                                    results.append(best)
-    if not results:
-        raise ValueError(f"{fn}: no layout of {mdl.name} fits on {n} x {cl.gpu.name} with global_batch={gb}, "
-                         f"seq_len={s}")
-    results.sort(key=lambda e: e.step_time)
-    return results[:top]
+                                yield [Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=z, recompute=rc,
+                                              micro_batch=mb, schedule=sched, virtual=v, sp=tp > 1)
+                                       for z in sorted(zero_stages) if not (pp > 1 and z > 1)]
 
 
 def _fastest_fit(mdl, cl, lay, gb, s, efficiency, dp_overlap, dtype, hbm_usable, partial):
