@@ -29,6 +29,9 @@ LAYOUTS = {
     "dp2 zero1": ParallelConfig(dp=2, zero_stage=1),
     "dp2 zero2 x2 micro": ParallelConfig(dp=2, zero_stage=2, microbatches=2),
     "dp2 small buckets": ParallelConfig(dp=2, bucket_bytes=40_000),
+    # ZeRO-2's transient buckets set the peak when recomputation leaves little else alive late in the backward
+    "dp4 zero2 recompute": ParallelConfig(dp=4, zero_stage=2, recompute="full"),
+    "dp2 zero2 recompute small": ParallelConfig(dp=2, zero_stage=2, recompute=2, bucket_bytes=30_000),
     "pp2 1f1b x4": ParallelConfig(pp=2, microbatches=4),
     "pp2 gpipe x4": ParallelConfig(pp=2, microbatches=4, schedule="gpipe"),
     "pp2 interleaved v2 x4": ParallelConfig(pp=2, microbatches=4, schedule="interleaved", virtual_stages=2),
@@ -49,6 +52,8 @@ LAYOUTS = {
     "cp4": ParallelConfig(cp=4),
     "cp2 x tp2 x dp2": ParallelConfig(cp=2, tp=2, dp=2),
     "cp2 x pp2": ParallelConfig(cp=2, pp=2, microbatches=2),
+    # the ring's successor and the next stage are different links: a pipeline send does not delay the ring
+    "cp2 x pp2 gpipe x4": ParallelConfig(cp=2, pp=2, microbatches=4, schedule="gpipe"),
     "cp2 zero3": ParallelConfig(cp=2, zero_stage=3),
 }
 

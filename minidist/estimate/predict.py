@@ -192,6 +192,16 @@ class _Stage:
         self.backward = (head_backward(x) if last else []) + bwd + (embed_backward(x) if first else [])
         self.held = held + (acts["embed"] if first else 0.0) + (acts["head"] if last else 0.0)
         self.rebuilt = rebuilt
+        # the activations alive while each backward op runs: a segment lets go of its memory (and of what it
+        # rebuilt) when its input's gradient is in, after the gradients of its weights
+        alive, left = [], self.held
+        alive += [left] * (len(head_backward(x)) if last else 0)
+        for k, checkpointed in reversed(segments):
+            ops = (len(block_forward(x)) if checkpointed else 0) * k + len(block_backward(x)) * k
+            alive += [left + (k * acts["block"] if checkpointed else 0.0)] * ops
+            left -= x.t * x.h * x.e if checkpointed else k * acts["block"]
+        alive += [left] * (len(embed_backward(x)) if first else 0)
+        self.alive = alive
         self.finish_order = [n for op in self.backward for n in op.grads]
 
 
@@ -271,13 +281,15 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
 
     ranks = [_Streams() for _ in range(pp)]
     windows = []
+    buffered = (0.0, 0.0)  # ZeRO-2: (activations, bucket buffers) when the two together are largest
     peak_acts = [0.0] * pp
     for _ in range(steps):
         starts = [r.compute for r in ranks]
         if stage == 3:
             padded3, peak3 = sharded_step(ranks[0], x, L, m, shards, parallel.prefetch, run, cost)
         elif pp == 1:
-            _single_stage_step(ranks[0], stages[0], buckets[0], m, shards, stage, reduce_op, run, cost, e)
+            buffered = _single_stage_step(ranks[0], stages[0], buckets[0], m, shards, stage, reduce_op, run, cost,
+                                          e)
             peak_acts[0] = held[0] + stages[0].rebuilt_after_frees
         else:
             link = cluster.intra_link  # neighbouring stages; the mesh keeps worlds of <= 8 in one node
@@ -307,6 +319,8 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
               "optimizer": (shard if stage else padded) * e * MOMENTS[optimizer],
               "activations": peak_acts[worst],
               "buffers": 0.0}
+    if sum(buffered) > peak_acts[worst]:  # ZeRO-2's gradient buckets, late in a backward that kept little
+        memory["activations"], memory["buffers"] = buffered
     if stage == 3:
         shard = sum(padded3) // shards
         memory = {"params": shard * e, "grads": shard * e, "optimizer": shard * e * MOMENTS[optimizer], **peak3}
@@ -316,23 +330,32 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     return Prediction(max(windows), terms, memory)
 
 
-def _single_stage_step(st, stage, buckets, m, dp, zero, reduce_op, run, cost, e) -> None:
+def _single_stage_step(st, stage, buckets, m, dp, zero, reduce_op, run, cost, e) -> tuple[float, float]:
     """Micro-batches one after another; the buckets reduce as the backward completes them (on the last
-    micro-batch for DDP and ZeRO-1, which accumulate locally; on every one for ZeRO-2)."""
+    micro-batch for DDP and ZeRO-1, which accumulate locally; on every one for ZeRO-2). Returns ZeRO-2's
+    largest (activations, bucket buffers): a bucket is a transient buffer from the moment it fills until the
+    next one fills, so at most two are alive."""
+    largest = (0.0, 0.0)
     for i in range(m):
-        reduce_now = dp > 1 and (i == m - 1 or zero == 2)
+        reduce_now = zero == 2 or dp > 1 and i == m - 1
         run(st, stage.forward)
         finished, next_bucket, need, ends = 0, 0, buckets[0][0], []
-        for op in stage.backward:
+        for op, alive in zip(stage.backward, stage.alive):
             run(st, [op])
             finished += len(op.grads)
             while reduce_now and next_bucket < len(buckets) and finished >= need:
                 # the bucket's last gradient is in: its reduction starts on the communication stream
-                ends.append(st.launch(cost(Op(reduce_op, 0, buckets[next_bucket][1] * e, reduce_op, "grad"))))
+                nbytes = buckets[next_bucket][1] * e
+                if zero == 2:
+                    held = nbytes + (buckets[next_bucket - 1][1] * e if next_bucket else 0.0)
+                    largest = max(largest, (alive, held), key=sum)
+                if dp > 1:
+                    ends.append(st.launch(cost(Op(reduce_op, 0, nbytes, reduce_op, "grad"))))
                 next_bucket += 1
                 need += buckets[next_bucket][0] if next_bucket < len(buckets) else 0
         if ends:
             st.wait(max(ends), "dp")
+    return largest
 
 
 def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, peak_acts, held) -> None:
@@ -368,7 +391,7 @@ def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, 
                     live[r] -= held[vs]
                 dst = vs + 1 if op == "F" else vs - 1
                 if 0 <= dst < nvs and dst % p != r:
-                    t = st.send(dst % p, hop)
+                    t = st.send(("pp", dst % p), hop)
                     arrived[(op, mb, vs)] = t
                     sends[r].append(t)
                 pos[r] += 1
@@ -400,15 +423,15 @@ def _ring(st: _Streams, op: Op, hop: float, peak: float, bw: float) -> None:
     p = len(op.steps)
     if not op.name.endswith("backward"):
         for t, step in enumerate(op.steps):
-            arrival = st.send(1, hop) if t < p - 1 else None
+            arrival = st.send(("cp", 1), hop) if t < p - 1 else None
             blocks(step)
             if arrival is not None:
                 st.wait(arrival, "cp")
         return
     acc = None  # arrival of the accumulator sent at the previous step
     for t, step in enumerate(op.steps):
-        ends = [st.send(1, hop)] if t < p - 1 else []
+        ends = [st.send(("cp", 1), hop)] if t < p - 1 else []
         blocks(step)
         st.wait(max(ends + ([acc] if acc is not None else []) + [st.compute]), "cp")
-        acc = st.send(1, hop)
+        acc = st.send(("cp", 1), hop)
     st.wait(acc, "cp")

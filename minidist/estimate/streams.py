@@ -18,7 +18,7 @@ class Streams:
         self.compute = 0.0
         self.comm = 0.0
         self.terms: dict[str, float] = {}
-        self.link_free: dict[int, float] = {}
+        self.link_free: dict[tuple, float] = {}  # by (axis, peer): a ring successor is not a pipeline peer
 
     def add(self, term: str, seconds: float) -> None:
         self.terms[term] = self.terms.get(term, 0.0) + seconds
@@ -45,7 +45,7 @@ class Streams:
             self.compute = end
         self.comm = max(self.comm, end)
 
-    def send(self, dst: int, seconds: float) -> float:
+    def send(self, dst: tuple, seconds: float) -> float:
         """``isend``: the message leaves when the rank and the link are free; returns its arrival."""
         start = max(self.compute, self.comm, self.link_free.get(dst, 0.0))
         self.link_free[dst] = start + seconds
