@@ -31,8 +31,8 @@ from minidist.labs.mesh_checks import (
 )
 from minidist.labs.notebook import install as _install_notebook_errors
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
-from minidist.labs.resilience_checks import check_expected_completion, check_reshard, check_young_daly
 from minidist.labs.recompute_checks import check_best_interval, check_checkpointed_bytes, check_overlap_tokens
+from minidist.labs.resilience_checks import check_expected_completion, check_reshard, check_young_daly
 from minidist.labs.ring_checks import check_collective_times, check_ring_all_reduce, check_ring_tree_crossover
 from minidist.labs.roofline_checks import (
     check_accumulation_steps,
@@ -42,6 +42,7 @@ from minidist.labs.roofline_checks import (
 )
 from minidist.labs.sandbox_checks import check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
+from minidist.labs.search_checks import check_divisible, check_dp_comm_ratio, check_search, check_state_bytes
 from minidist.labs.tensor_checks import (
     check_column_parallel,
     check_megatron_mlp,
