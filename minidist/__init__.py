@@ -1,7 +1,7 @@
 """minidist: distributed training derived from its algebra, run on simulated devices.
 
-Layers import downward only: autograd, nn/optim/data <- hardware <- runtime/collectives <- resilience <- parallel
-<- estimate <- viz, labs (see README.md).
+Layers import downward only: autograd, nn/optim/data, precision <- hardware <- runtime/collectives <- resilience
+<- parallel <- estimate <- viz, labs (see README.md).
 Each section below is filled by the layer that owns it.
 """
 
@@ -12,7 +12,7 @@ from minidist import autograd  # noqa: E402,F401
 from minidist.autograd import Tensor, enable_grad, is_grad_enabled, no_grad, tensor  # noqa: E402,F401
 
 # isort: split
-from minidist import data, nn, optim  # noqa: E402,F401
+from minidist import data, nn, optim, precision  # noqa: E402,F401
 from minidist.nn import GPT, GPTConfig  # noqa: E402,F401
 
 # isort: split
