@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist.autograd import autocast as _autocast
 from minidist.autograd import cost as _cost
 from minidist.autograd import grad_mode as _gm
 from minidist.autograd.tensor import Tensor, _const, _new, broadcast_error, operands, unbroadcast
@@ -218,6 +219,9 @@ def matmul(x: Any, y: Any) -> Tensor:
     """Batched matrix product with numpy's rules (1-D operands are promoted, batch dims broadcast)."""
     xt, xd, yt, yd = operands("matmul", x, y)
     xd, yd = np.asarray(xd), np.asarray(yd)
+    rnd, rnd_g = _autocast._round, _autocast._round_grad  # under autocast: operands, result, gradients rounded
+    if rnd is not None:
+        xd, yd = rnd(xd), rnd(yd)
     if xd.ndim == 0 or yd.ndim == 0:
         raise ValueError(f"matmul: both operands need at least 1 dimension, got shapes {xd.shape} and {yd.shape}")
     x2 = xd[None, :] if xd.ndim == 1 else xd  # promote 1-D like numpy does
@@ -234,6 +238,8 @@ def matmul(x: Any, y: Any) -> Tensor:
             out2 = x2 @ y2
     except ValueError:
         raise ValueError(f"matmul: batch dimensions of shapes {xd.shape} and {yd.shape} cannot be broadcast") from None
+    if rnd is not None:
+        out2 = rnd(out2)
     out = out2
     if xd.ndim == 1:
         out = out[..., 0, :]
@@ -258,6 +264,10 @@ def matmul(x: Any, y: Any) -> Tensor:
                          (g.nbytes + in_bytes) * (need_x + need_y), g.dtype)
         a = kept[0] if kept[0] is not None else np.asarray(xt.data).reshape(x2_shape)
         b = kept[1] if kept[1] is not None else np.asarray(yt.data).reshape(y2_shape)
+        if rnd is not None:  # kept operands were rounded in the forward; a regathered weight is rounded now
+            a = a if kept[0] is not None else rnd(a)
+            b = b if kept[1] is not None else rnd(b)
+            g = rnd_g(g)
         g2 = g.reshape(out2.shape)
         gx = gy = None
         if need_x:
@@ -272,6 +282,8 @@ def matmul(x: Any, y: Any) -> Tensor:
             else:
                 gy = unbroadcast(np.swapaxes(a, -1, -2) @ g2, y2_shape)
             gy = gy.reshape(y_shape)
+        if rnd is not None:
+            gx, gy = (None if gx is None else rnd_g(gx)), (None if gy is None else rnd_g(gy))
         return _for_parents(xt, yt, gx, gy)
 
     return _new(out, _parents(xt, yt), backward, "matmul")
