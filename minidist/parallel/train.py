@@ -25,8 +25,8 @@ from minidist.parallel.checkpointing import Attempt, CheckpointPlan
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import assemble
 from minidist.parallel.flat_optim import FlatOptimizer
-from minidist.parallel.memory import state_bytes_per_param
 from minidist.parallel.mesh import DENSE_GRAD, build_mesh
+from minidist.parallel.mixed_precision import MixedPrecision, unscale_and_agree
 from minidist.parallel.parallelize import parallelize, split_sizes
 from minidist.parallel.pipeline_stages import layer_costs
 from minidist.parallel.refusals import check_layout
@@ -62,6 +62,8 @@ class TrainResult:
     lost_time: float = 0.0
     checkpoint_blocked: list[float] = field(default_factory=list)
     peak_memory: list[float] = field(default_factory=list)  # rank r's peak of all categories together (bytes)
+    loss_scales: list[float] = field(default_factory=list)  # mixed precision: the loss scale of every step
+    skipped_steps: int = 0  # steps skipped because a gradient overflowed
 
     def __repr__(self) -> str:
         return (f"TrainResult({len(self.losses)} steps, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}, "
@@ -84,7 +86,7 @@ def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
 
 
 def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
-                hyper: dict, tokens: np.ndarray, run: Attempt | None = None) -> dict:
+                hyper: dict, tokens: np.ndarray, run: Attempt | None = None, mp: MixedPrecision | None = None) -> dict:
     """One rank of every layout: build the model, ``parallelize`` it, train it. The same loop for all.
 
     ``run`` (checkpoints, faults, a state to resume from) makes it one attempt of a resilient run."""
@@ -98,7 +100,9 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         x, y = get_batch(tokens, largest, model_config.seq_len, np.random.default_rng([seed, 3]))
         costs = layer_costs(model, x, y)
     opt = FlatOptimizer(optimizer, **hyper)
-    par = parallelize(model, mesh, pc, opt, state_bytes_per_param(model_config.dtype, optimizer), costs)
+    mp = mp or MixedPrecision()
+    par = parallelize(model, mesh, pc, opt, mp.state_bytes(model_config.dtype, optimizer), costs)
+    scaler = mp.scaler()
     reducer = par.reducer
     rng = np.random.default_rng([seed, 2])
     run = run or Attempt()
@@ -112,12 +116,17 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         keeper.before_step(step)
         xs, ys, weights = par.batch.split(*get_batch(tokens, global_batch, model_config.seq_len, rng))
         t0 = dist.now()
-        losses.append(par.engine.run(xs, ys, weights))
+        scale = scaler.scale if scaler is not None else 1.0  # the loss scale rides on the micro-batch weights
+        with mp.context():
+            losses.append(par.engine.run(xs, ys, [w * scale for w in weights]) / scale)
+        pieces = reducer.pieces()
+        stepping = scaler is None or unscale_and_agree(pieces, scaler)
         if step == steps - 1:
             grads = reducer.grad_state()
-        pieces = reducer.pieces()
         skip = reducer.skipped(par.model) if hasattr(reducer, "skipped") else frozenset()  # experts no token reached
-        if par.host is not None:
+        if not stepping:
+            pass  # a gradient overflowed somewhere: every rank skips this update
+        elif par.host is not None:
             par.host.step(pieces, skip)
         else:
             opt.step_on_device(pieces, model_config.dtype, skip)
@@ -138,7 +147,9 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
             "acts": [] if par.acts is None else par.acts.log, "num_params": num_params,
             "tp_rank": mesh.get_local_rank("tp"), "dp_rank": mesh.get_group(DENSE_GRAD).group_rank(mesh.rank),
             "tp_axes": par.tp_axes, "blocked": keeper.blocked, "start": start, "end": clock.end(),
-            "failures": getattr(keeper, "failures", []), "lost": getattr(keeper, "lost", 0.0), **par.report}
+            "failures": getattr(keeper, "failures", []), "lost": getattr(keeper, "lost", 0.0),
+            "scales": [] if scaler is None else scaler.history, "skipped": 0 if scaler is None else scaler.skipped,
+            **par.report}
 
 
 def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
@@ -146,7 +157,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
           weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
           momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
           checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool = False,
-          restart: bool = False, faults: Faults | None = None, max_restarts: int = 20) -> TrainResult:
+          restart: bool = False, faults: Faults | None = None, max_restarts: int = 20, precision: str | None = None,
+          loss_scale: str | float | None = None) -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
     ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
@@ -161,6 +173,11 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     checkpoint there, whatever layout wrote it; ``faults`` (``md.resilience.Faults``) kills ranks or slows
     them; with ``restart=True`` a failed attempt restarts from the newest intact checkpoint (or from the
     start without one), at most ``max_restarts`` times, and the result counts the simulated time lost.
+
+    Mixed precision (chapter 30): ``precision`` ("bf16", "fp16" or "fp8") runs the matrix products in that format
+    over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges the
+    format's peak; ``loss_scale`` (default dynamic for fp16) scales the loss, and a step any rank's gradient
+    overflowed is skipped by all (``loss_scales``, ``skipped_steps`` in the result).
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
@@ -178,6 +195,9 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
             raise ValueError(f"parallel.train: {name} must be a finite number >= 0, got {value!r}")
     if len(betas) != 2 or not all(isinstance(b, numbers.Real) and 0 <= b < 1 for b in betas):
         raise ValueError(f"parallel.train: betas must be two numbers in [0, 1), got {betas!r}")
+    mp = MixedPrecision(precision, loss_scale)
+    if mp.scaler() is not None and checkpoint_dir is not None:
+        raise ValueError("parallel.train: loss scaling with checkpoints is not supported yet (the scale is not saved)")
     cfg = replace(model_config, dtype=dtype)
     check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
@@ -187,6 +207,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     hyper = {"lr": lr, "weight_decay": weight_decay}
     hyper.update({"betas": tuple(betas), "eps": eps} if optimizer == "adamw" else {"momentum": momentum})
     cluster = Cluster() if cluster is None else cluster
+    if mp.active:
+        cluster = replace(cluster, compute_dtype=mp.compute_dtype(cluster))
     plan = None
     if checkpoint_dir is not None or checkpoint_every is not None:
         every_ok = checkpoint_every is None or (isinstance(checkpoint_every, int) and checkpoint_every >= 1)
@@ -201,7 +223,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     attempts = Attempts(plan, faults, restart, max_restarts, resume)
     res = attempts.run(lambda attempt: launch(
         _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
-                                                     attempt), cluster=cluster, timeout=timeout))
+                                                     attempt, mp), cluster=cluster, timeout=timeout))
     out = list(res)
     start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
@@ -224,7 +246,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
         rank_params=rank_params,
-        activations=out[0]["acts"], state_bytes=state_bytes_per_param(dtype, optimizer),
+        activations=out[0]["acts"], state_bytes=mp.state_bytes(dtype, optimizer),
         num_params=out[0]["num_params"], windows=windows,
         total_time=attempts.elapsed + max(o["end"] for o in out), failures=attempts.failures + out[0]["failures"],
-        lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=[o["blocked"] for o in out])
+        lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=[o["blocked"] for o in out],
+        loss_scales=out[0]["scales"], skipped_steps=out[0]["skipped"])

@@ -111,21 +111,19 @@ class LossScaler:
         return loss * self.scale
 
     def unscale(self, params: Iterable) -> bool:
-        """Divide every gradient by the scale in place; True if any gradient is inf or NaN."""
+        """Divide every parameter's gradient by the scale in place; True if any is inf or NaN."""
+        return self.unscale_arrays(g for g in (grad_array(p) for p in params) if g is not None)
+
+    def unscale_arrays(self, grads: Iterable[np.ndarray]) -> bool:
+        """Divide each gradient array by the scale in place; True if any element is inf or NaN."""
         bad = False
-        for p in params:
-            g = grad_array(p)
-            if g is None:
-                continue
-            if not np.all(np.isfinite(g)):
-                bad = True
+        for g in grads:
+            bad = bad or not bool(np.all(np.isfinite(g)))
             g /= self.scale
         return bad
 
-    def step(self, optimizer, params: Iterable | None = None) -> bool:
-        """Unscale, update unless a gradient overflowed, adapt the scale; returns whether it updated."""
-        params = list(optimizer.params() if params is None else params)
-        found_inf = self.unscale(params)
+    def update(self, found_inf: bool) -> bool:
+        """Record this step's scale and adapt it; returns whether the optimizer may step (no overflow)."""
         self.history.append(self.scale)
         if found_inf:
             self.skipped += 1
@@ -133,8 +131,15 @@ class LossScaler:
             if self.dynamic:
                 self.scale = max(self.scale * self.backoff_factor, self.min_scale)
             return False
-        optimizer.step()
         self._clean += 1
         if self.dynamic and self._clean % self.growth_interval == 0:
             self.scale *= self.growth_factor
         return True
+
+    def step(self, optimizer, params: Iterable | None = None) -> bool:
+        """Unscale, update unless a gradient overflowed, adapt the scale; returns whether it updated."""
+        params = list(optimizer.params() if params is None else params)
+        ok = self.update(self.unscale(params))
+        if ok:
+            optimizer.step()
+        return ok

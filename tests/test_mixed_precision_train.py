@@ -1,0 +1,67 @@
+"""Mixed precision in md.parallel.train: every layout trains in bf16/fp16/fp8 next to its fp32 run, the ledger
+books 2 + 2 + 12 bytes per parameter, and an overflow on any one rank makes every rank skip the step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.parallel import ParallelConfig, train
+from minidist.parallel.mixed_precision import unscale_and_agree
+from minidist.precision import LossScaler
+
+CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+LAYOUTS = {"1 device": ParallelConfig(), "dp2 ZeRO-1": ParallelConfig(dp=2, zero_stage=1),
+           "dp2 x tp2": ParallelConfig(dp=2, tp=2), "pp2 x2": ParallelConfig(pp=2, microbatches=2),
+           "dp2 ZeRO-3": ParallelConfig(dp=2, zero_stage=3)}
+RUN = dict(steps=12, global_batch=4, dtype="float32", lr=3e-3)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_each_layout_trains_in_low_precision_like_fp32_with_2_2_12_bytes(name):
+    pc = LAYOUTS[name]
+    base = train(CFG, pc, **RUN)
+    for precision in ("bf16", "fp16", "fp8"):
+        r = train(CFG, pc, precision=precision, **RUN)
+        assert abs(r.losses[-1] / base.losses[-1] - 1) < 0.02, (precision, r.losses[-1], base.losses[-1])
+        assert r.losses != base.losses  # the products really were rounded
+        assert r.state_bytes == {"params": 2, "grads": 2, "optimizer": 12}
+        for mine, ref in zip(r.memory, base.memory):  # float32 AdamW: 4 + 4 + 8 bytes per parameter
+            assert mine["params"] == ref["params"] / 2 and mine["grads"] == ref["grads"] / 2
+            assert mine["optimizer"] == ref["optimizer"] * 12 / 8
+        assert r.skipped_steps == 0 and (r.loss_scales[-1] == 2.0**16 if precision == "fp16" else not r.loss_scales)
+
+
+def test_a_static_scale_that_always_overflows_skips_every_step_on_every_rank():
+    pc = ParallelConfig(dp=2, zero_stage=1)
+    frozen = train(CFG, pc, **{**RUN, "lr": 0.0})
+    r = train(CFG, pc, precision="fp16", loss_scale=2.0**60, **RUN)
+    assert r.skipped_steps == RUN["steps"] and r.loss_scales == [2.0**60] * RUN["steps"]
+    assert all(np.array_equal(r.params[k], frozen.params[k]) for k in frozen.params)
+
+
+def _one_rank_overflows():
+    rank = md.dist.get_rank()
+    g = np.full(4, 2.0**10 * (rank + 1))
+    if rank == 1:
+        g[2] = np.inf
+    scaler = LossScaler(2.0**10)
+    ok = unscale_and_agree([(np.zeros(4), g)], scaler)
+    return ok, scaler.scale, scaler.skipped, g[0]
+
+
+def test_ranks_agree_to_skip_when_only_one_rank_overflows():
+    out = list(md.launch(_one_rank_overflows, 2))
+    assert out == [(False, 2.0**9, 1, 1.0), (False, 2.0**9, 1, 2.0)]  # unscaled, and both skip and back off
+
+
+def test_bad_precision_arguments_are_named():
+    with pytest.raises(ValueError, match="precision must be None or one of"):
+        train(CFG, precision="fp4")
+    with pytest.raises(ValueError, match="loss_scale needs a low precision"):
+        train(CFG, loss_scale=1024.0)
+    with pytest.raises(ValueError, match="loss_scale must be None, 'dynamic' or a positive number"):
+        train(CFG, precision="fp16", loss_scale=-1.0)
+    with pytest.raises(ValueError, match="not supported yet"):
+        train(CFG, precision="fp16", checkpoint_dir="/tmp/never-written")
