@@ -68,7 +68,8 @@ def autocast(fmt: Format | str = "bf16", *, grad_format: Format | str | None = N
              block: int = 32) -> Iterator[Format]:
     """Inside the block, matrix products run in ``fmt``: their operands and result rounded to it, their
     gradients to ``grad_format`` (default ``fmt``; fp8 recipes use E4M3 forward and E5M2 backward), the
-    accumulation exact. ``scaling``/``block`` as in :func:`scaled_cast`. Run forward and backward inside it."""
+    accumulation exact. ``scaling``/``block`` as in :func:`scaled_cast`. Run forward and backward inside it.
+    Overflows to inf and NaN raise no numpy warnings inside it: loss scaling detects them."""
     f = format_of(fmt)
     g = format_of(grad_format) if grad_format is not None else f
     if scaling not in SCALINGS:
@@ -78,7 +79,9 @@ def autocast(fmt: Format | str = "bf16", *, grad_format: Format | str | None = N
     previous = set_matmul_rounding(lambda a: scaled_cast(a, f, scaling, block),
                                    lambda a: scaled_cast(a, g, scaling, block))
     try:
-        yield f
+        # in a narrow format inf and NaN are expected events (loss scaling looks for them), not numpy warnings
+        with np.errstate(over="ignore", invalid="ignore"):
+            yield f
     finally:
         set_matmul_rounding(previous)
 

@@ -1,0 +1,61 @@
+"""Lab 21's checks accept the right answers and explain the usual wrong ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.labs import CheckFailed
+
+
+def _max(e, m, ieee):
+    bias = 2 ** (e - 1) - 1
+    if ieee:
+        return (2 - 2.0**-m) * 2.0 ** (2**e - 2 - bias)
+    return (2 - 2.0 ** (1 - m)) * 2.0 ** (2**e - 1 - bias)
+
+
+def test_max_finite_names_the_slips(capsys):
+    md.labs.check_max_finite(_max)
+    assert "ok: max_finite" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="spends S.1111.111 on NaN"):
+        md.labs.check_max_finite(lambda e, m, ieee: (2 - 2.0**-m) * 2.0 ** (2**e - 1 - (2 ** (e - 1) - 1))
+                                 if not ieee else _max(e, m, ieee))
+    with pytest.raises(CheckFailed, match="every mantissa bit set"):
+        md.labs.check_max_finite(lambda e, m, ieee: 2.0 ** (2**e - 2 - (2 ** (e - 1) - 1)))
+    with pytest.raises(CheckFailed, match="reserve the all-ones exponent"):
+        md.labs.check_max_finite(lambda e, m, ieee: (2 - 2.0**-m) * 2.0 ** (2**e - 1 - (2 ** (e - 1) - 1)))
+
+
+def _round(x, m, emin):
+    _, e = np.frexp(x)
+    q = np.ldexp(1.0, np.maximum(e - 1, emin) - m)
+    return np.round(x / q) * q
+
+
+def test_round_to_catches_ties_and_subnormals(capsys):
+    md.labs.check_round_to(_round)
+    assert "ok: round_to" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="halves to even"):
+        md.labs.check_round_to(lambda x, m, emin: np.floor(x / (q := np.ldexp(1.0, np.maximum(np.frexp(x)[1] - 1, emin)
+                                                                                - m)) + 0.5) * q)
+    with pytest.raises(CheckFailed, match="clamp the exponent"):
+        md.labs.check_round_to(lambda x, m, emin: np.round(x / (q := np.ldexp(1.0, np.frexp(x)[1] - 1 - m))) * q)
+    with pytest.raises(CheckFailed, match="not done yet"):
+        md.labs.check_round_to(lambda *a: (_ for _ in ()).throw(NotImplementedError))
+
+
+def _update(scale, inf, clean, n):
+    if inf:
+        return scale / 2, 0, False
+    return (scale * 2, 0, True) if clean + 1 == n else (scale, clean + 1, True)
+
+
+def test_loss_scale_update_explains_each_branch(capsys):
+    md.labs.check_loss_scale_update(_update)
+    assert "ok: loss_scale_update" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="halves the scale"):
+        md.labs.check_loss_scale_update(lambda s, inf, c, n: _update(s, False, c, n) if inf else _update(s, inf, c, n))
+    with pytest.raises(CheckFailed, match="scale doubles"):
+        md.labs.check_loss_scale_update(lambda s, inf, c, n: _update(s, inf, c, n) if inf else (s, c + 1, True))
