@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minidist import dist
+from minidist.parallel.compression import CompressedDataParallel
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.context_parallel import CPGroup, context_parallelize
 from minidist.parallel.data_parallel import DataParallel, make_buckets
@@ -161,6 +162,8 @@ def _data_parallel(model, named: list, mesh: DeviceMesh, pc: ParallelConfig):
         experts = mesh.get_group(EXPERT_GRAD) if model.config.n_experts else None
         return ShardedModel(named, group, fsdp=pc.fsdp, prefetch=pc.prefetch, algorithm=pc.algorithm,
                             tied=model.config.tie_embeddings, expert_group=experts)
+    if pc.compression is not None:
+        return CompressedDataParallel(pc.compression, named, pc.bucket_bytes, group, size, index, pc.algorithm)
     if model.config.n_experts:
         return ExpertDataParallel(named, pc.bucket_bytes, group, mesh.get_group(EXPERT_GRAD), pc.algorithm,
                                   pc.zero_stage, alone)

@@ -22,6 +22,9 @@ def check_layout(cfg, pc: ParallelConfig, global_batch: int) -> None:
                          f"{pc.microbatches} micro-batch(es) of at least one sequence")
     if pc.pp > 1:
         _pipeline(cfg, pc)
+    if pc.compression is not None and cfg.n_experts:
+        raise ValueError("parallel.train: gradient compression is built on DDP's reducer; mixture-of-experts models "
+                         "reduce expert and dense gradients over two groups and do not take it yet")
     if cfg.dropout:
         raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
                          f"got {cfg.dropout}")
