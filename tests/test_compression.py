@@ -80,7 +80,6 @@ def test_error_feedback_conserves_the_gradient():
         group = md.dist.new_group([0, 1])
         for g in grads:
             flat = g[rank].copy()
-            other = g[1 - rank]
             TopK(0.04).reduce(flat, group, state)
             sent = sent + flat
         return sent, state["residual"]
