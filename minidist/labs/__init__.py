@@ -7,6 +7,7 @@ went wrong and a hint; on success it prints one line.
 from minidist.labs.alpha_beta_checks import check_chunked_time, check_crossover, check_fit_alpha_beta, check_real_fit
 from minidist.labs.check import CheckFailed
 from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
+from minidist.labs.compression_checks import check_powersgd_bytes, check_stochastic_round, check_topk_feedback
 from minidist.labs.context_checks import check_cp_volumes, check_ring_attention, check_softmax_merge
 from minidist.labs.data_parallel_checks import check_bucketed_time, check_dp_gradient, check_dp_min_tokens
 from minidist.labs.economics_checks import (
