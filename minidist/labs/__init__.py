@@ -22,6 +22,7 @@ from minidist.labs.expert_checks import (
     check_dispatch_splits,
     check_top_k_routing,
 )
+from minidist.labs.local_sgd_checks import check_expected_slowest, check_outer_step
 from minidist.labs.mesh_checks import (
     check_axes_between,
     check_axis_of,
