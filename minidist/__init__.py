@@ -37,7 +37,7 @@ from minidist import parallel  # noqa: E402,F401
 # isort: split
 
 # --- estimate ---
-from minidist import estimate  # noqa: E402,F401
+from minidist import estimate, profiling  # noqa: E402,F401
 
 # isort: split
 

@@ -1,0 +1,100 @@
+"""Where a step's time went, from its trace: every instant of every rank attributed once (book ch32, lab 23).
+
+Property: a rank's step is a single interval, and at every instant its compute stream either runs an op or
+does not, and its communication stream either moves data or does not. Cutting the interval at every event
+boundary gives segments on which both are constant, so attributing each segment to one category - the op
+computing, else the collective exposed, else idle - partitions the step: the categories sum to the step
+time, with nothing counted twice and nothing left out. The same segments give the overlap of communication
+with compute, alpha = hidden / min(T_compute, T_comm), the alpha_ov of T = T_c + T_m - alpha_ov min(T_c, T_m).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from minidist.hardware.trace import Trace
+
+
+def compute_category(name: str) -> str:
+    """forward, backward, optimizer or other, from an op's name as the autograd and trainer charge it."""
+    if name.endswith(".backward"):
+        return "backward"
+    if name.startswith("optimizer"):
+        return "optimizer"
+    if name in ("idle", "checkpoint", "checkpoint.write", "restart") or name.startswith("checkpoint"):
+        return "other"
+    return "forward"
+
+
+@dataclass
+class Budget:
+    """One rank's step: seconds per category (``compute:<kind>``, ``exposed:<collective>``, ``idle``) summing to
+    ``total``; ``compute`` and ``comm`` the busy time of each stream and ``hidden`` the time both were busy."""
+
+    rank: int
+    start: float
+    end: float
+    parts: dict[str, float] = field(default_factory=dict)
+    compute: float = 0.0
+    comm: float = 0.0
+    hidden: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.end - self.start
+
+    @property
+    def overlap(self) -> float:
+        """alpha_ov: the share of the shorter stream's busy time that ran under the other (0 if either is idle)."""
+        shorter = min(self.compute, self.comm)
+        return self.hidden / shorter if shorter > 0 else 0.0
+
+    def grouped(self) -> dict[str, float]:
+        """compute, exposed communication and idle, each summed over its kinds."""
+        out: dict[str, float] = defaultdict(float)
+        for k, v in self.parts.items():
+            out[k.split(":")[0]] += v
+        return dict(out)
+
+
+def step_budget(trace: Trace, rank: int, start: float, end: float) -> Budget:
+    """Attribute every instant of ``rank`` in ``[start, end)`` (a step window, e.g. ``TrainResult.windows``)."""
+    if not end > start:
+        raise ValueError(f"step_budget: the window must have end > start, got [{start}, {end})")
+    comp = sorted((max(e.start, start), min(e.end, end), e.name) for e in trace.events
+                  if e.rank == rank and e.stream == "compute" and e.end > start and e.start < end and e.end > e.start)
+    comm = sorted((max(e.start, start), min(e.end, end), e.name) for e in trace.events
+                  if e.rank == rank and e.stream == "comm" and e.end > start and e.start < end and e.end > e.start)
+    cuts = sorted({start, end, *(t for s, e, _ in comp + comm for t in (s, e))})
+    b = Budget(rank, start, end)
+    parts: dict[str, float] = defaultdict(float)
+    ci = mi = 0
+    active: list[tuple[float, float, str]] = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        while ci < len(comp) and comp[ci][1] <= lo:
+            ci += 1
+        running = comp[ci] if ci < len(comp) and comp[ci][0] <= lo else None
+        while mi < len(comm) and comm[mi][0] <= lo:
+            active.append(comm[mi])
+            mi += 1
+        active = [c for c in active if c[1] > lo]
+        dt = hi - lo
+        if running is not None:
+            parts["compute:" + compute_category(running[2])] += dt
+            b.compute += dt
+            if active:
+                b.hidden += dt
+        elif active:
+            parts["exposed:" + min(active)[2]] += dt  # the collective that started first is the one waited for
+        else:
+            parts["idle"] += dt
+        if active:
+            b.comm += dt
+    b.parts = dict(parts)
+    return b
+
+
+def run_budget(result, step: int = -1) -> list[Budget]:
+    """Every rank's budget for one step of an ``md.parallel.train`` result."""
+    return [step_budget(result.trace, r, *w[step]) for r, w in enumerate(result.windows)]

@@ -1,0 +1,91 @@
+"""Profiling from the trace: every instant of every rank's step attributed once, overlap measured where the
+strategies create it, the slow rank named, a link's alpha and beta recovered, and the trace exported as valid
+Chrome trace-event JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.parallel import ParallelConfig, train
+from minidist.profiling import fit_alpha_beta, link_samples, run_budget, stragglers
+from minidist.profiling.stragglers import compute_time_per_rank
+from minidist.resilience import Faults
+
+CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+
+
+@pytest.mark.parametrize("pc", [ParallelConfig(dp=2, bucket_bytes=2000), ParallelConfig(tp=2, dp=2),
+                                ParallelConfig(pp=2, microbatches=4), ParallelConfig(dp=2, zero_stage=3),
+                                ParallelConfig(cp=2, dp=2)], ids=["dp", "tp", "pp", "zero3", "cp"])
+def test_every_instant_of_every_rank_is_attributed_once(pc):
+    r = train(CFG, pc, steps=2, global_batch=8)
+    budgets = run_budget(r)
+    assert max(b.total for b in budgets) == r.time[-1]  # the step time is the slowest rank's window
+    for b in budgets:
+        assert math.isclose(sum(b.parts.values()), b.total, rel_tol=1e-12)
+        assert math.isclose(sum(v for k, v in b.parts.items() if k.startswith("compute:")), b.compute, rel_tol=1e-12)
+        assert {"compute:forward", "compute:backward", "compute:optimizer"} <= set(b.parts)
+        assert 0 <= b.overlap <= 1
+
+
+def test_overlap_appears_where_the_strategies_create_it():
+    wide = md.GPTConfig(vocab_size=64, seq_len=32, d_model=128, n_layers=4, n_heads=4)
+
+    def budget(**kw):
+        return run_budget(train(wide, ParallelConfig(dp=2, **kw), steps=2, global_batch=16))[0]
+
+    one, some, many = budget(bucket_bytes=1e9), budget(bucket_bytes=4e5), budget(bucket_bytes=2e4)
+    assert one.overlap < 0.01 < 0.5 < some.overlap  # one bucket waits for the whole backward; smaller ones start early
+    assert some.parts["exposed:all_reduce"] < one.parts["exposed:all_reduce"] / 2 and some.total < one.total
+    assert many.parts["exposed:all_reduce"] > some.parts["exposed:all_reduce"]  # too small: latency per bucket
+    none, ahead = budget(zero_stage=3, prefetch=0), budget(zero_stage=3, prefetch=1)
+    assert ahead.overlap > none.overlap and ahead.total < none.total
+
+
+def test_the_slow_rank_is_named_and_a_healthy_run_has_none():
+    pc = ParallelConfig(dp=4)
+    assert stragglers(compute_time_per_rank(train(CFG, pc, steps=2, global_batch=8))) == []
+    slow = train(CFG, pc, steps=2, global_batch=8, faults=Faults(slow={2: 1.5}))
+    assert stragglers(compute_time_per_rank(slow)) == [2]
+
+
+def _messages():
+    rank = md.dist.get_rank()
+    for n in (8, 1024, 65536, 1 << 20):
+        buf = np.zeros(n // 8)
+        if rank == 0:
+            md.dist.send(buf, 1)
+        else:
+            md.dist.recv(buf, 0)
+
+
+def test_alpha_beta_fit_recovers_the_link():
+    cluster = md.Cluster()
+    res = md.launch(_messages, 2, cluster=cluster)
+    alpha, beta = fit_alpha_beta(*link_samples(res.trace, 0, 1))
+    link = cluster.intra_link
+    assert math.isclose(alpha, link.alpha, rel_tol=1e-6) and math.isclose(beta, link.beta, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="at least two message sizes"):
+        fit_alpha_beta([8, 8], [1e-6, 1e-6])
+
+
+def test_trace_exports_as_valid_chrome_trace_json(tmp_path):
+    r = train(CFG, ParallelConfig(dp=2, tp=2), steps=1, global_batch=4)
+    path = tmp_path / "trace.json"
+    r.trace.to_chrome(str(path))
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    ranks = {e.rank for e in r.trace}
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {(rk, f"rank {rk}") for rk in ranks}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert len(spans) == len(r.trace)
+    for e in spans:
+        assert isinstance(e["name"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        assert isinstance(e["ts"], float) and e["ts"] >= 0 and e["dur"] >= 0
+    assert {e["ph"] for e in events} <= {"M", "X"}
