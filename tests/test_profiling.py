@@ -89,3 +89,34 @@ def test_trace_exports_as_valid_chrome_trace_json(tmp_path):
         assert isinstance(e["name"], str) and isinstance(e["pid"], int) and isinstance(e["tid"], int)
         assert isinstance(e["ts"], float) and e["ts"] >= 0 and e["dur"] >= 0
     assert {e["ph"] for e in events} <= {"M", "X"}
+
+
+def test_recomputation_raises_hfu_and_leaves_mfu_the_share_not_redone():
+    from minidist.profiling import step_flops, utilization
+
+    plain = train(CFG, ParallelConfig(dp=2), steps=2, global_batch=8)
+    redo = train(CFG, ParallelConfig(dp=2, recompute="full"), steps=2, global_batch=8)
+    peak = md.Cluster().gpu.peak("float64")
+    same = utilization(plain, peak, model_flops=step_flops(plain))
+    assert same["mfu"] == same["hfu"] > 0
+    u = utilization(redo, peak, model_flops=step_flops(plain))
+    assert u["hfu"] > u["mfu"] and 0.7 < u["mfu"] / u["hfu"] < 0.8  # one more forward of the blocks: 3F -> ~4F
+
+
+def _all_reduces():
+    for n in (1 << 10, 1 << 24):
+        md.dist.all_reduce(np.zeros(n // 8), algorithm="ring")
+
+
+def test_collective_table_bus_bandwidth_approaches_the_link_and_matches_alpha_beta():
+    from minidist.profiling import collective_table, format_table
+
+    alpha, beta, p = 1e-6, 1e9, 4
+    res = md.launch(_all_reduces, p, cluster=md.Cluster.uniform(alpha, beta))
+    ring = lambda name, n: 2 * (p - 1) * (alpha + n / p / beta)  # noqa: E731
+    rows = collective_table(res.trace, 0, p, predict=ring)
+    assert [r["bytes"] for r in rows] == [1 << 10, 1 << 24]
+    for r in rows:
+        assert math.isclose(r["seconds"], r["predicted"], rel_tol=1e-9)
+    assert rows[0]["busbw"] < 0.3 * beta < 0.99 * beta < rows[1]["busbw"] <= beta  # latency-bound, then the link
+    assert "busbw GB/s" in format_table(rows).splitlines()[0]

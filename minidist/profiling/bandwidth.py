@@ -1,0 +1,61 @@
+"""Collectives measured the way nccl-tests prints them: time, algorithm and bus bandwidth (book ch11, ch32).
+
+Property: a collective's *algorithm bandwidth* is the buffer size over the time; its *bus bandwidth* rescales
+that by how much data each rank must move at best, so that every collective and every group size is compared
+with the link's own speed: an all-reduce moves 2 (p-1)/p of the buffer through each rank, an all-gather or a
+reduce-scatter (p-1)/p, a broadcast the whole buffer once. A busbw close to the link's beta means the
+algorithm is bandwidth-optimal at that size; far below it, latency or contention dominates.
+"""
+
+from __future__ import annotations
+
+BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
+              "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
+              "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0}
+
+
+def bus_factor(name: str, p: int) -> float:
+    """nccl-tests' factor from algorithm to bus bandwidth for a collective over ``p`` ranks."""
+    base = name.split(".")[0].replace("_into_tensor", "").replace("_tensor", "").replace("_single", "")
+    if base not in BUS_FACTOR:
+        raise ValueError(f"bus_factor: no bus-bandwidth rule for {name!r}; known: {sorted(BUS_FACTOR)}")
+    return BUS_FACTOR[base](p)
+
+
+def collective_table(trace, rank: int, group_size: int, predict=None) -> list[dict]:
+    """One row per collective ``rank`` ran: name, bytes, seconds, algbw and busbw (bytes/s), and
+    ``predicted`` seconds if ``predict(name, nbytes)`` is given (an alpha-beta formula)."""
+    rows = []
+    for e in sorted((e for e in trace.events if e.rank == rank and e.stream == "comm"), key=lambda e: e.start):
+        t = e.end - e.start
+        if t <= 0 or e.name in ("send", "recv", "barrier") or e.name.split(".")[0] not in _known():
+            continue
+        algbw = e.nbytes / t
+        row = {"name": e.name, "bytes": e.nbytes, "seconds": t, "algbw": algbw,
+               "busbw": algbw * bus_factor(e.name, group_size)}
+        if predict is not None:
+            row["predicted"] = predict(e.name, e.nbytes)
+        rows.append(row)
+    return rows
+
+
+def _known() -> set[str]:
+    names = set()
+    for base in BUS_FACTOR:
+        names |= {base, base + "_into_tensor", base + "_tensor", base + "_single"}
+    return names
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows in nccl-tests' column order."""
+    head = f"{'collective':24s} {'bytes':>12s} {'time us':>10s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}"
+    if rows and "predicted" in rows[0]:
+        head += f" {'alpha-beta us':>14s}"
+    lines = [head]
+    for r in rows:
+        line = (f"{r['name']:24s} {r['bytes']:12,.0f} {r['seconds'] * 1e6:10.2f} {r['algbw'] / 1e9:11.2f} "
+                f"{r['busbw'] / 1e9:11.2f}")
+        if "predicted" in r:
+            line += f" {r['predicted'] * 1e6:14.2f}"
+        lines.append(line)
+    return "\n".join(lines)
