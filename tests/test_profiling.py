@@ -120,3 +120,16 @@ def test_collective_table_bus_bandwidth_approaches_the_link_and_matches_alpha_be
         assert math.isclose(r["seconds"], r["predicted"], rel_tol=1e-9)
     assert rows[0]["busbw"] < 0.3 * beta < 0.99 * beta < rows[1]["busbw"] <= beta  # latency-bound, then the link
     assert "busbw GB/s" in format_table(rows).splitlines()[0]
+
+
+def test_exposed_communication_is_named_by_the_mesh_axis_it_crossed():
+    from minidist.profiling import axis_of
+
+    pc = ParallelConfig(dp=2, tp=2)
+    r = train(CFG, pc, steps=2, global_batch=8)
+    axis = axis_of(lambda rank: md.parallel.build_mesh(pc, rank))
+    assert axis(0, 1) == "tp" and axis(0, 2) == "dp" and axis(0, 3) == "dp+tp"
+    for b in run_budget(r, axis=axis):
+        exposed = {k.split("@")[1] for k in b.parts if k.startswith("exposed:")}
+        assert exposed == {"tp", "dp"}, b.parts
+        assert math.isclose(sum(b.parts.values()), b.total, rel_tol=1e-12)

@@ -58,13 +58,26 @@ class Budget:
         return dict(out)
 
 
-def step_budget(trace: Trace, rank: int, start: float, end: float) -> Budget:
-    """Attribute every instant of ``rank`` in ``[start, end)`` (a step window, e.g. ``TrainResult.windows``)."""
+def _label(trace: Trace, rank: int, e, axis) -> str:
+    """The collective's name, with the mesh axis its messages crossed when ``axis(src, dst)`` is given."""
+    if axis is None:
+        return e.name
+    peers = sorted({int(x.name.split("->")[1]) for x in trace.events if x.rank == rank and x.stream == "link"
+                    and e.start <= x.start <= e.end and x.name.startswith(f"{rank}->")})
+    axes = sorted({axis(rank, q) for q in peers})
+    return f"{e.name}@{'+'.join(axes) if axes else 'local'}"
+
+
+def step_budget(trace: Trace, rank: int, start: float, end: float, axis=None) -> Budget:
+    """Attribute every instant of ``rank`` in ``[start, end)`` (a step window, e.g. ``TrainResult.windows``).
+
+    ``axis(src, dst)``, e.g. the mesh axis on which two ranks differ, labels exposed communication by the axis its
+    messages crossed (``exposed:all_reduce@dp``); ``axis_of(config)`` builds it for a ``ParallelConfig``."""
     if not end > start:
         raise ValueError(f"step_budget: the window must have end > start, got [{start}, {end})")
     comp = sorted((max(e.start, start), min(e.end, end), e.name) for e in trace.events
                   if e.rank == rank and e.stream == "compute" and e.end > start and e.start < end and e.end > e.start)
-    comm = sorted((max(e.start, start), min(e.end, end), e.name) for e in trace.events
+    comm = sorted((max(e.start, start), min(e.end, end), _label(trace, rank, e, axis)) for e in trace.events
                   if e.rank == rank and e.stream == "comm" and e.end > start and e.start < end and e.end > e.start)
     cuts = sorted({start, end, *(t for s, e, _ in comp + comm for t in (s, e))})
     b = Budget(rank, start, end)
@@ -95,6 +108,17 @@ def step_budget(trace: Trace, rank: int, start: float, end: float) -> Budget:
     return b
 
 
-def run_budget(result, step: int = -1) -> list[Budget]:
-    """Every rank's budget for one step of an ``md.parallel.train`` result."""
-    return [step_budget(result.trace, r, *w[step]) for r, w in enumerate(result.windows)]
+def run_budget(result, step: int = -1, axis=None) -> list[Budget]:
+    """Every rank's budget for one step of an ``md.parallel.train`` result (``axis`` as in ``step_budget``)."""
+    return [step_budget(result.trace, r, *w[step], axis=axis) for r, w in enumerate(result.windows)]
+
+
+def axis_of(mesh_of) -> object:
+    """``axis(src, dst)`` from ``mesh_of(rank)`` returning that rank's device mesh (e.g.
+    ``lambda r: md.parallel.build_mesh(config, r)``): the names of the dimensions on which the two differ."""
+    def axis(a: int, b: int) -> str:
+        ma, mb = mesh_of(a), mesh_of(b)
+        diff = [n for n, x, y in zip(ma.mesh_dim_names, ma.get_coordinate(), mb.get_coordinate()) if x != y]
+        return "+".join(diff) if diff else "self"
+
+    return axis
