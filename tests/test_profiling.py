@@ -133,3 +133,21 @@ def test_exposed_communication_is_named_by_the_mesh_axis_it_crossed():
         exposed = {k.split("@")[1] for k in b.parts if k.startswith("exposed:")}
         assert exposed == {"tp", "dp"}, b.parts
         assert math.isclose(sum(b.parts.values()), b.total, rel_tol=1e-12)
+
+
+def _ring_all_reduces():
+    for _ in range(3):
+        md.dist.all_reduce(np.zeros(1 << 17), algorithm="ring")
+
+
+def test_a_slow_link_is_named_and_told_apart_from_a_slow_rank():
+    from minidist.profiling import slow_links
+
+    healthy = md.launch(_ring_all_reduces, 4)
+    degraded = md.launch(_ring_all_reduces, 4, cluster=md.Cluster(slow_links={(1, 2): 4}))
+    assert slow_links(healthy.trace) == [] and slow_links(degraded.trace) == [(1, 2)]
+    assert degraded.time > 2 * healthy.time  # every rank waits: the ring goes at its slowest link's pace
+    compute = [degraded.trace.busy(r, "compute") for r in range(4)]
+    assert stragglers(compute) == []  # no rank computes slower: it is not a straggler
+    with pytest.raises(ValueError, match="slow_links maps"):
+        md.Cluster(slow_links={(1, 1): 2})

@@ -33,7 +33,8 @@ class Cluster:
     every op at that dtype's peak whatever numpy dtype actually runs. ``host_bytes`` is CPU memory
     per node and ``host_link`` the PCIe link each GPU uses to reach it (offloading, chapter 22).
     ``storage_bw`` is the bytes/s a node writes to checkpoint storage, shared by its GPUs (default: one
-    NVMe drive's 7 GB/s, the storage tier of the book's memory hierarchy, chapter 22).
+    NVMe drive's 7 GB/s, the storage tier of the book's memory hierarchy, chapter 22). ``slow_links``
+    ({(src, dst): factor}) divides one directed link's bandwidth, to stage a degraded cable (chapter 33).
     """
 
     gpu: GPU
@@ -46,6 +47,7 @@ class Cluster:
     host_bytes: float = 2e12
     host_link: Link = None  # type: ignore[assignment]
     storage_bw: float = 7e9
+    slow_links: tuple = ()  # ((src, dst), factor) pairs: that directed link's bandwidth divided by factor
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class Cluster:
         host_bytes: float = 2e12,
         host_link: str | Link = "PCIe5-x16",
         storage_bw: float = 7e9,
+        slow_links=(),
     ) -> None:
         if gpus_per_node < 1:
             raise ValueError(f"Cluster: gpus_per_node must be >= 1, got {gpus_per_node}")
@@ -77,6 +80,13 @@ class Cluster:
         if not storage_bw > 0:
             raise ValueError(f"Cluster: storage_bw must be > 0 bytes/s, got {storage_bw!r}")
         set_(self, "storage_bw", float(storage_bw))
+        pairs = tuple(sorted(dict(slow_links).items())) if slow_links else ()
+        for pair, factor in pairs:
+            if not (len(pair) == 2 and all(isinstance(r, int) and r >= 0 for r in pair) and pair[0] != pair[1]
+                    and factor >= 1):
+                raise ValueError(f"Cluster: slow_links maps (src, dst) rank pairs to a factor >= 1, got "
+                                 f"{pair!r}: {factor!r}")
+        set_(self, "slow_links", pairs)
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod
@@ -116,7 +126,11 @@ class Cluster:
         """The link a message from global rank ``src`` to global rank ``dst`` travels on."""
         if src == dst:
             raise ValueError(f"Cluster.link: rank {src} has no link to itself")
-        return self.intra_link if self.same_node(src, dst) else self.inter_link
+        base = self.intra_link if self.same_node(src, dst) else self.inter_link
+        for pair, factor in self.slow_links:  # a degraded cable or port (chapter 33's investigations)
+            if pair == (src, dst):
+                return Link(f"{base.name} (slowed {factor:g}x)", base.alpha, base.beta / factor)
+        return base
 
     def capacity(self) -> int | None:
         """Ranks this cluster can hold (None when the node count is left open)."""

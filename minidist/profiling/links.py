@@ -1,0 +1,34 @@
+"""A slow link, found from the messages that crossed it (book ch33, lab 23).
+
+Property: a degraded cable slows every message on it and no other, and in a symmetric collective every link
+carries the same messages, so each link's median bandwidth per message should agree; the robust z-score of
+their logarithms (median and MAD again, see ``stragglers``) singles out the one that does not. Compute time
+is untouched, which is what tells a slow link from a slow rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from minidist.profiling.stragglers import robust_z
+
+
+def link_bandwidths(trace, min_bytes: float = 1.0) -> dict[tuple[int, int], float]:
+    """Median bytes/s of the messages of at least ``min_bytes`` on each directed link ``(src, dst)``."""
+    rates: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for e in trace.events:
+        if e.stream == "link" and e.nbytes >= min_bytes and e.end > e.start:
+            src, dst = (int(x) for x in e.name.split("->"))
+            rates[(src, dst)].append(e.nbytes / (e.end - e.start))
+    return {k: float(np.median(v)) for k, v in sorted(rates.items())}
+
+
+def slow_links(trace, threshold: float = 3.5, min_bytes: float = 1.0) -> list[tuple[int, int]]:
+    """Directed links whose bandwidth is an outlier on the slow side (robust z of log bandwidth < -threshold)."""
+    bw = link_bandwidths(trace, min_bytes)
+    if len(bw) < 3:
+        return []
+    z = robust_z(np.log(list(bw.values())))
+    return [k for k, zi in zip(bw, z) if zi < -threshold]
