@@ -47,7 +47,9 @@ def first_error(path: Path) -> tuple[int, dict] | None:
         client._cleanup_kernel()
 
 
-@pytest.mark.parametrize("path", LABS, ids=[p.stem for p in LABS])
+# lab 04 trains before its first exercise (about 20 s): its run belongs to make test-slow
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.stem.startswith("04_") else p
+                                  for p in LABS], ids=[p.stem for p in LABS])
 def test_exercise_version_fails_only_at_an_exercise(path: Path):
     src = (ROOT / "solutions" / path.name).read_text()
     assert "### BEGIN SOLUTION" in src, f"{path.name}: the solution notebook has no exercise"

@@ -15,10 +15,11 @@ CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 LAYOUTS = {"1 device": ParallelConfig(), "dp2 ZeRO-1": ParallelConfig(dp=2, zero_stage=1),
            "dp2 x tp2": ParallelConfig(dp=2, tp=2), "pp2 x2": ParallelConfig(pp=2, microbatches=2),
            "dp2 ZeRO-3": ParallelConfig(dp=2, zero_stage=3)}
+QUICK = ("dp2 ZeRO-1", "pp2 x2")  # make test; the others run in make test-slow
 RUN = dict(steps=12, global_batch=4, dtype="float32", lr=3e-3)
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in LAYOUTS])
 def test_each_layout_trains_in_low_precision_like_fp32_with_2_2_12_bytes(name):
     pc = LAYOUTS[name]
     base = train(CFG, pc, **RUN)

@@ -113,13 +113,15 @@ def test_dynamic_scaling_backs_off_and_skips_overflowing_steps(fp32_tiny):
     assert static.skipped == 3 and static.scale == 2.0**50  # static: skips forever, never adapts
 
 
-@pytest.mark.parametrize("kw", [dict(fmt="bf16"), dict(fmt="fp8_e4m3", grad_format="fp8_e5m2", scaling="tensor")],
+@pytest.mark.parametrize("kw", [dict(fmt="bf16"), pytest.param(dict(fmt="fp8_e4m3", grad_format="fp8_e5m2",
+                                                                     scaling="tensor"), marks=pytest.mark.slow)],
                          ids=["bf16", "fp8 per-tensor"])
 def test_low_precision_training_stays_within_2_percent_of_fp32(kw):
     base = _train(steps=100)[0]
     assert abs(_train(steps=100, **kw)[0] / base - 1) < 0.02
 
 
+@pytest.mark.slow
 def test_fp8_gradients_in_e4m3_without_scaling_do_not_train():
     base = _train(steps=100)[0]
     assert _train("fp8_e4m3", steps=100)[0] > base * 1.3  # E4M3's range is too narrow for gradients

@@ -19,9 +19,11 @@ from minidist.resilience import Faults
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 
 
-@pytest.mark.parametrize("pc", [ParallelConfig(dp=2, bucket_bytes=2000), ParallelConfig(tp=2, dp=2),
+@pytest.mark.parametrize("pc", [ParallelConfig(dp=2, bucket_bytes=2000),
+                                pytest.param(ParallelConfig(tp=2, dp=2), marks=pytest.mark.slow),
                                 ParallelConfig(pp=2, microbatches=4), ParallelConfig(dp=2, zero_stage=3),
-                                ParallelConfig(cp=2, dp=2)], ids=["dp", "tp", "pp", "zero3", "cp"])
+                                pytest.param(ParallelConfig(cp=2, dp=2), marks=pytest.mark.slow)],
+                         ids=["dp", "tp", "pp", "zero3", "cp"])
 def test_every_instant_of_every_rank_is_attributed_once(pc):
     r = train(CFG, pc, steps=2, global_batch=8)
     budgets = run_budget(r)
