@@ -5,10 +5,12 @@ columns, and the alpha-beta constants of a link."""
 from minidist.profiling.alpha_beta import fit_alpha_beta, link_samples
 from minidist.profiling.bandwidth import bus_factor, collective_table, format_table
 from minidist.profiling.budget import Budget, axis_of, compute_category, run_budget, step_budget
+from minidist.profiling.investigate import Report, investigate
 from minidist.profiling.links import link_bandwidths, slow_links
 from minidist.profiling.stragglers import compute_time_per_rank, robust_z, stragglers
 from minidist.profiling.utilization import step_flops, utilization
 
 __all__ = ["Budget", "axis_of", "bus_factor", "collective_table", "compute_category", "compute_time_per_rank",
            "fit_alpha_beta", "format_table", "link_samples", "robust_z", "run_budget", "step_budget", "step_flops",
-           "stragglers", "utilization", "link_bandwidths", "slow_links"]
+           "stragglers", "utilization", "link_bandwidths", "slow_links", "Report",
+           "investigate"]

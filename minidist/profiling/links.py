@@ -25,10 +25,13 @@ def link_bandwidths(trace, min_bytes: float = 1.0) -> dict[tuple[int, int], floa
     return {k: float(np.median(v)) for k, v in sorted(rates.items())}
 
 
-def slow_links(trace, threshold: float = 3.5, min_bytes: float = 1.0) -> list[tuple[int, int]]:
-    """Directed links whose bandwidth is an outlier on the slow side (robust z of log bandwidth < -threshold)."""
+def slow_links(trace, threshold: float = 3.5, min_bytes: float = 1.0, ratio: float = 0.7) -> list[tuple[int, int]]:
+    """Directed links whose bandwidth is an outlier on the slow side: robust z of log bandwidth below -threshold
+    and below ``ratio`` x the median (identical healthy links make the MAD tiny; the ratio keeps rounding-level
+    differences from counting)."""
     bw = link_bandwidths(trace, min_bytes)
     if len(bw) < 3:
         return []
     z = robust_z(np.log(list(bw.values())))
-    return [k for k, zi in zip(bw, z) if zi < -threshold]
+    med = float(np.median(list(bw.values())))
+    return [k for k, zi in zip(bw, z) if zi < -threshold and bw[k] < ratio * med]
