@@ -59,13 +59,16 @@ class Budget:
 
 
 def _label(trace: Trace, rank: int, e, axis) -> str:
-    """The collective's name, with the mesh axis its messages crossed when ``axis(src, dst)`` is given."""
+    """The collective's name, with the mesh axis its messages crossed when ``axis(src, dst)`` is given: of the
+    messages this rank sent wholly inside the collective's span, the axis that carried the most bytes (an
+    asynchronous collective's span also holds other, shorter collectives' messages)."""
     if axis is None:
         return e.name
-    peers = sorted({int(x.name.split("->")[1]) for x in trace.events if x.rank == rank and x.stream == "link"
-                    and e.start <= x.start <= e.end and x.name.startswith(f"{rank}->")})
-    axes = sorted({axis(rank, q) for q in peers})
-    return f"{e.name}@{'+'.join(axes) if axes else 'local'}"
+    carried: dict[str, float] = defaultdict(float)
+    for x in trace.events:
+        if x.rank == rank and x.stream == "link" and e.start <= x.start and x.end <= e.end:
+            carried[axis(rank, int(x.name.split("->")[1]))] += x.nbytes
+    return f"{e.name}@{max(carried, key=carried.get) if carried else 'local'}"
 
 
 def step_budget(trace: Trace, rank: int, start: float, end: float, axis=None) -> Budget:

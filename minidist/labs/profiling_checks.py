@@ -1,0 +1,63 @@
+"""Checks for lab 23, profiling and investigation (book chapters 32-33): the overlap fraction, bus bandwidth and
+the robust z-score, against ``md.profiling``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from minidist.labs.check import CheckFailed, check_cases, fail, passed
+from minidist.profiling import bus_factor, robust_z
+
+
+def check_overlap_fraction(fn: Callable[[float, float, float], float]) -> None:
+    """``fn(t_compute, t_comm, t_step)``: alpha_ov from T = T_c + T_m - alpha_ov min(T_c, T_m)."""
+    cases = [((c, m, t), (c + m - t) / min(c, m), "solve T = T_c + T_m - alpha min(T_c, T_m) for alpha")
+             for c, m, t in ((10.0, 4.0, 14.0), (3.0, 8.0, 9.5), (10.0, 4.0, 10.0), (10.0, 4.0, 12.0))]
+
+    def diagnose(args, expected, got):
+        c, m, t = args
+        if math.isclose(got, (c + m - t) / max(c, m)):
+            return "divide by the shorter stream: at most all of it can hide under the longer one"
+        if math.isclose(got, (c + m - t) / t):
+            return "alpha is a share of the shorter stream's time, not of the step"
+        return None
+
+    check_cases("overlap_fraction", fn, cases, rel=1e-12, diagnose=diagnose)
+
+
+def check_bus_bandwidth(fn: Callable[[float, str, int], float]) -> None:
+    """``fn(algbw, collective, p)``: nccl-tests' bus bandwidth."""
+    cases = [((1e9, op, p), 1e9 * bus_factor(op, p), "busbw = algbw x (what each rank must move) / (buffer)")
+             for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast") for p in (2, 8)]
+
+    def diagnose(args, expected, got):
+        algbw, op, p = args
+        if op == "all_reduce" and math.isclose(got, algbw * (p - 1) / p):
+            return "an all-reduce is a reduce-scatter then an all-gather: 2 (p-1)/p"
+        if op in ("all_gather", "reduce_scatter") and math.isclose(got, algbw * 2 * (p - 1) / p):
+            return "an all-gather alone moves (p-1)/p of the buffer through each rank"
+        return None
+
+    check_cases("bus_bandwidth", fn, cases, rel=1e-12, diagnose=diagnose)
+
+
+def check_robust_z(fn: Callable[[np.ndarray], np.ndarray]) -> None:
+    """``fn(values)``: (x - median) / (1.4826 MAD)."""
+    rng = np.random.default_rng(0)
+    samples = [np.r_[np.full(7, 1.0) + rng.normal(0, 0.01, 7), 1.5], rng.normal(5, 2, 20), np.array([3.0, 1, 2, 8])]
+    for x in samples:
+        try:
+            got = np.asarray(fn(x.copy()), dtype=float)
+        except NotImplementedError:
+            raise CheckFailed("robust_z: the exercise is not done yet (it raised NotImplementedError)") from None
+        want = robust_z(x)
+        if got.shape != x.shape or not np.allclose(got, want, rtol=1e-9):
+            plain = (x - x.mean()) / x.std()
+            hint = ("that is the plain z-score: the outlier drags the mean and the standard deviation; use the "
+                    "median and the median absolute deviation" if got.shape == x.shape and np.allclose(got, plain)
+                    else "z = (x - median) / (1.4826 x median(|x - median|))")
+            fail(f"robust_z({np.round(x, 3).tolist()})", np.round(want, 3).tolist(), np.round(got, 3).tolist(), hint)
+    passed("robust_z: median and MAD")
