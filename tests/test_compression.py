@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import QSGD, ParallelConfig, PowerSGD, Quantize, TernGrad, TopK, train
+from minidist.parallel import DGC, QSGD, ParallelConfig, PowerSGD, Quantize, TernGrad, TopK, train
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 
@@ -22,7 +22,7 @@ def test_measured_bytes_equal_the_closed_forms(p):
     full = 2 * (p - 1) / p * n * 8
     assert base.comm_bytes[-1] == [full] * p
     shapes = [tuple(v.shape) for v in base.params.values()][::-1]  # the bucket holds them in reverse order
-    for c in (Quantize(), QSGD(), TernGrad(), TopK(0.01), TopK(0.05, error_feedback=False), PowerSGD(2)):
+    for c in (Quantize(), QSGD(), TernGrad(), TopK(0.01), TopK(0.05, error_feedback=False), DGC(0.02), PowerSGD(2)):
         r = train(CFG, ParallelConfig(dp=p, bucket_bytes=1e9, compression=c), steps=2, global_batch=8)
         want = c.payload_bytes(shapes, p, 8) if isinstance(c, PowerSGD) else (p - 1) * c.payload_bytes(n, 8)
         assert r.comm_bytes[-1] == [want] * p, (c, r.comm_bytes[-1], want)
@@ -88,7 +88,7 @@ def test_error_feedback_conserves_the_gradient():
     assert np.allclose(sent + res0 + res1, grads.sum(axis=(0, 1)), atol=1e-12)
 
 
-def _logistic(compressor, steps=1500):
+def _logistic(compressor, steps=1500, lr=0.05, momentum=0.0):
     """Logistic regression whose features span two decades of scale, on 2 ranks: the gradient's mass sits in
     a few coordinates, and the small ones matter for the optimum."""
     rng = np.random.default_rng(0)
@@ -103,14 +103,15 @@ def _logistic(compressor, steps=1500):
 
     def body():
         rank, group, state = md.dist.get_rank(), md.dist.new_group([0, 1]), {}
-        w, draw = np.zeros(d), np.random.default_rng([1, rank])
+        w, draw, velocity = np.zeros(d), np.random.default_rng([1, rank]), np.zeros(d)
         for _ in range(steps):
             g = loss_grad(w, draw.integers(0, n, 64))[1] / 2
             if compressor is None:
                 md.dist.all_reduce(g, group=group)
             else:
                 compressor.reduce(g, group, state)
-            w -= 0.05 * g
+            velocity = momentum * velocity + g  # DGC carries its momentum itself: it is run with momentum 0
+            w -= lr * velocity
         return loss_grad(w, np.arange(n))[0]
 
     return md.launch(body, 2)[0]
@@ -131,7 +132,18 @@ def test_compression_is_refused_where_it_does_not_apply():
     with pytest.raises(ValueError, match="mixture-of-experts"):
         train(md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=1, n_heads=2, n_experts=2),
               ParallelConfig(dp=2, compression=TopK()), global_batch=4)
-    for bad in (lambda: TopK(0), lambda: QSGD(levels=300), lambda: PowerSGD(rank=0), lambda: Quantize(bits=4)):
+    for bad in (lambda: TopK(0), lambda: QSGD(levels=300), lambda: PowerSGD(rank=0), lambda: Quantize(bits=4),
+                lambda: DGC(momentum=1.0)):
         with pytest.raises(ValueError):
             bad()
     assert math.isclose(TopK(0.01).k(1000), 10)
+
+
+def test_dgc_momentum_correction_trains_like_dense_momentum_sgd():
+    """Top-k followed by momentum applies stale, masked velocities; DGC keeps momentum per replica before the
+    selection, and 1% of the entries then train like dense momentum SGD."""
+    dense = _logistic(None, lr=0.01, momentum=0.9)
+    dgc = _logistic(DGC(0.01, momentum=0.9), lr=0.01)
+    naive = _logistic(TopK(0.01), lr=0.01, momentum=0.9)
+    assert abs(dgc / dense - 1) < 0.05, (dgc, dense)
+    assert naive > 1.1 * dense, (naive, dense)

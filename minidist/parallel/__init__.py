@@ -57,7 +57,7 @@ from minidist.parallel.checkpoint_sweep import checkpoint_cost, fitted_optimum, 
 
 # isort: split
 from minidist.parallel import compression
-from minidist.parallel.compression import QSGD, PowerSGD, Quantize, TernGrad, TopK
+from minidist.parallel.compression import DGC, QSGD, PowerSGD, Quantize, TernGrad, TopK
 from minidist.parallel.local_sgd import DiLoCo, LocalSGD, evaluate, train_local
 
 __all__ = ["FlatUnit", "ParallelConfig", "Parallelized", "TrainResult", "build_mesh", "graph_bytes", "parallelize",
@@ -69,5 +69,5 @@ __all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", 
 __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "make_schedule", "measure_schedule",
             "partition", "pipeline", "schedules", "simulate"]
 __all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]
-__all__ += ["compression", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
+__all__ += ["compression", "DGC", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
             "train_local"]

@@ -143,6 +143,44 @@ class TopK:
 
 
 @dataclass(frozen=True)
+class DGC:
+    """Deep gradient compression (Lin et al. 2018): top-k with *momentum correction*. Each replica keeps its own
+    velocity u <- m u + g and accumulates it, v <- v + u; it sends the top ``ratio`` of v and clears those entries
+    in both u and v (momentum factor masking), so a delayed entry carries the momentum it would have had. The
+    momentum lives here: train with plain SGD (``optimizer="sgd", momentum=0``)."""
+
+    ratio: float = 0.01
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.ratio, (int, float)) and 0 < self.ratio <= 1) or not 0 <= self.momentum < 1:
+            raise ValueError(f"DGC: ratio must be in (0, 1] and momentum in [0, 1), got {self.ratio!r}, "
+                             f"{self.momentum!r}")
+
+    def payload_bytes(self, n: int, itemsize: int) -> int:
+        return TopK(self.ratio).payload_bytes(n, itemsize)
+
+    def reduce(self, flat: np.ndarray, group, state: dict) -> None:
+        u = state.setdefault("velocity", np.zeros_like(flat))
+        v = state.setdefault("accumulated", np.zeros_like(flat))
+        u *= self.momentum
+        u += flat
+        v += u
+        n, k = flat.size, TopK(self.ratio).k(flat.size)
+        idx = np.sort(np.argpartition(np.abs(v), n - k)[n - k:]).astype(np.int32)
+        vals = v[idx].copy()
+        v[idx] = 0
+        u[idx] = 0
+
+        def decode(b: np.ndarray) -> np.ndarray:
+            out = np.zeros(n, flat.dtype)
+            out[b[:4 * k].view(np.int32)] = b[4 * k:].view(flat.dtype)
+            return out
+
+        flat[...] = _gather_sum(_pack(idx, vals), group, decode)
+
+
+@dataclass(frozen=True)
 class PowerSGD:
     """Vogels et al. 2019: each weight matrix M (m x n) of the bucket is sent as M Q and M^T P for a shared
     rank-``rank`` basis, by two all-reduces (the projection is linear); Q is reused from the last step
@@ -207,7 +245,7 @@ def _all_reduce_list(arrays: list[np.ndarray], group, p: int) -> list[np.ndarray
     return [buf[a:b].reshape(x.shape) for a, b, x in zip(cut, cut[1:], arrays)]
 
 
-COMPRESSORS = (Quantize, QSGD, TernGrad, TopK, PowerSGD)
+COMPRESSORS = (Quantize, QSGD, TernGrad, TopK, DGC, PowerSGD)
 
 
 class CompressedDataParallel(DataParallel):
