@@ -57,6 +57,7 @@ from minidist.parallel.checkpoint_sweep import checkpoint_cost, fitted_optimum, 
 
 # isort: split
 from minidist.parallel import compression
+from minidist.parallel.async_sgd import Logistic, train_async, train_sync
 from minidist.parallel.compression import DGC, QSGD, PowerSGD, Quantize, TernGrad, TopK
 from minidist.parallel.local_sgd import DiLoCo, LocalSGD, evaluate, train_local
 
@@ -70,4 +71,4 @@ __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "
             "partition", "pipeline", "schedules", "simulate"]
 __all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]
 __all__ += ["compression", "DGC", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
-            "train_local"]
+            "train_local", "Logistic", "train_async", "train_sync"]
