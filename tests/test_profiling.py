@@ -153,3 +153,17 @@ def test_a_slow_link_is_named_and_told_apart_from_a_slow_rank():
     assert stragglers(compute) == []  # no rank computes slower: it is not a straggler
     with pytest.raises(ValueError, match="slow_links maps"):
         md.Cluster(slow_links={(1, 1): 2})
+
+
+def test_the_memory_timeline_reaches_the_ledger_peak_and_shows_zero3_gathering():
+    ddp = train(CFG, ParallelConfig(dp=2), steps=2, global_batch=8)
+    zero3 = train(CFG, ParallelConfig(dp=2, zero_stage=3), steps=2, global_batch=8)
+    for r in (ddp, zero3):
+        for timeline, peak in zip(r.memory_timeline, r.peak_memory):
+            times = [t for t, _ in timeline]
+            assert times == sorted(times) and max(b for _, b in timeline) == peak
+
+    def rises(timeline):
+        return sum(b1 > b0 for (_, b0), (_, b1) in zip(timeline, timeline[1:]))
+
+    assert rises(zero3.memory_timeline[0]) > rises(ddp.memory_timeline[0])  # a gather before every use

@@ -33,6 +33,22 @@ class MemoryLedger:
         self.total = 0.0
         self.peak_total = 0.0
         self.peak_breakdown: dict[str, float] = dict(self.current)  # categories at the moment of peak_total
+        # (simulated seconds, bytes held) after every change, once a clock is attached (the memory timeline)
+        self.timeline: list[tuple[float, float]] = []
+        self._now = None
+
+    def attach_clock(self, now) -> None:
+        """Record the total after every change at ``now()`` (the rank's simulated time) in ``timeline``."""
+        self._now = now
+
+    def _record(self) -> None:
+        if self._now is not None:
+            self.timeline.append((self._now(), self.total))
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_now"] = None  # the clock stays with the rank; the timeline travels
+        return state
 
     def alloc(self, category: str, nbytes: float) -> None:
         """Hold ``nbytes`` more in ``category``; raise OutOfMemoryError (holding nothing) if HBM overflows."""
@@ -53,6 +69,7 @@ class MemoryLedger:
         if self.total > self.peak_total:
             self.peak_total = self.total
             self.peak_breakdown = dict(self.current)
+        self._record()
 
     def free(self, category: str, nbytes: float) -> None:
         """Release ``nbytes`` from ``category`` (it must hold at least that much)."""
@@ -62,6 +79,7 @@ class MemoryLedger:
             raise ValueError(f"MemoryLedger.free({category!r}, {nbytes:g}): only {held:g} bytes held there")
         self.current[category] = max(0.0, held - nbytes)
         self.total = max(0.0, self.total - nbytes)
+        self._record()
 
     @contextmanager
     def hold(self, category: str, nbytes: float):

@@ -62,6 +62,7 @@ class TrainResult:
     lost_time: float = 0.0
     checkpoint_blocked: list[float] = field(default_factory=list)
     peak_memory: list[float] = field(default_factory=list)  # rank r's peak of all categories together (bytes)
+    memory_timeline: list[list[tuple[float, float]]] = field(default_factory=list)  # rank r: (seconds, bytes held)
     loss_scales: list[float] = field(default_factory=list)  # mixed precision: the loss scale of every step
     skipped_steps: int = 0  # steps skipped because a gradient overflowed
 
@@ -243,6 +244,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     return TrainResult(
         losses=losses, params=params, grads=grads, time=time,
         memory=[dict(m.peak) for m in res.memory], peak_memory=[m.peak_total for m in res.memory], trace=res.trace,
+        memory_timeline=[list(m.timeline) for m in res.memory],
         comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
         rank_params=rank_params,

@@ -110,6 +110,7 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
     recorder = Recorder(rank)
     clock = Clock(rank, cluster, recorder)
     ledger = MemoryLedger(cluster.hbm, rank)
+    ledger.attach_clock(clock.now)
     transport = Transport(rank, mm, layout, bells, board, clock, timeout)
     ctx = context.RankContext(rank, world, cluster, clock, ledger, transport, timeout)
     ctx.report_progress = lambda done, total, what: pipe.send(("progress", rank, done, total, what))
