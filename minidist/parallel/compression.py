@@ -36,6 +36,22 @@ def _pack(*arrays: np.ndarray) -> np.ndarray:
     return np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays])
 
 
+def _top_k_sum(source: np.ndarray, k: int, flat: np.ndarray, group) -> np.ndarray:
+    """Send the ``k`` largest-magnitude entries of ``source`` (int32 index + value), write the sum of every rank's
+    sparse vector into ``flat``; returns the indices this rank sent."""
+    n = source.size
+    idx = np.sort(np.argpartition(np.abs(source), n - k)[n - k:]).astype(np.int32)
+    vals = source[idx].copy()
+
+    def decode(b: np.ndarray) -> np.ndarray:
+        out = np.zeros(n, flat.dtype)
+        out[b[:4 * k].view(np.int32)] = b[4 * k:].view(flat.dtype)
+        return out
+
+    flat[...] = _gather_sum(_pack(idx, vals), group, decode)
+    return idx
+
+
 @dataclass(frozen=True)
 class Quantize:
     """Round to ``2^(bits-1) - 1`` levels of one scale per bucket (max |g|): deterministic, biased."""
@@ -127,19 +143,10 @@ class TopK:
 
     def reduce(self, flat: np.ndarray, group, state: dict) -> None:
         acc = flat + state["residual"] if self.error_feedback and "residual" in state else flat.copy()
-        n, k = flat.size, self.k(flat.size)
-        idx = np.sort(np.argpartition(np.abs(acc), n - k)[n - k:]).astype(np.int32)
-        vals = acc[idx]
+        idx = _top_k_sum(acc, self.k(flat.size), flat, group)
         if self.error_feedback:
             acc[idx] = 0
             state["residual"] = acc
-
-        def decode(b: np.ndarray) -> np.ndarray:
-            out = np.zeros(n, flat.dtype)
-            out[b[:4 * k].view(np.int32)] = b[4 * k:].view(flat.dtype)
-            return out
-
-        flat[...] = _gather_sum(_pack(idx, vals), group, decode)
 
 
 @dataclass(frozen=True)
@@ -166,18 +173,9 @@ class DGC:
         u *= self.momentum
         u += flat
         v += u
-        n, k = flat.size, TopK(self.ratio).k(flat.size)
-        idx = np.sort(np.argpartition(np.abs(v), n - k)[n - k:]).astype(np.int32)
-        vals = v[idx].copy()
+        idx = _top_k_sum(v, TopK(self.ratio).k(flat.size), flat, group)
         v[idx] = 0
         u[idx] = 0
-
-        def decode(b: np.ndarray) -> np.ndarray:
-            out = np.zeros(n, flat.dtype)
-            out[b[:4 * k].view(np.int32)] = b[4 * k:].view(flat.dtype)
-            return out
-
-        flat[...] = _gather_sum(_pack(idx, vals), group, decode)
 
 
 @dataclass(frozen=True)
