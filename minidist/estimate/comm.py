@@ -142,7 +142,7 @@ def hierarchical_all_reduce_time(nbytes: float, gpus_per_node: int, nodes: int, 
     return intra + inter
 
 
-_BUS_FACTOR = {
+BUS_FACTOR = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
     "reduce_scatter": lambda p: (p - 1) / p,
     "all_gather": lambda p: (p - 1) / p,
@@ -165,7 +165,7 @@ def bus_bandwidth(op: str, nbytes: float, p: int, seconds: float) -> float:
     n = nonnegative(fn, "nbytes", nbytes)
     p = count(fn, "p", p)
     t = positive(fn, "seconds", seconds)
-    return n / t * _BUS_FACTOR[op](p)
+    return n / t * BUS_FACTOR[op](p)
 
 
 def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
@@ -195,7 +195,7 @@ def collective_bytes(op: str, nbytes: float, p: int) -> float:
     choice(fn, "op", op, ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"))
     n = nonnegative(fn, "nbytes", nbytes)
     p = count(fn, "p", p)
-    return _BUS_FACTOR[op](p) * n
+    return BUS_FACTOR[op](p) * n
 
 
 def hierarchical_inter_node_bytes(nbytes: float, gpus_per_node: int, nodes: int) -> float:

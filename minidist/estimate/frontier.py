@@ -14,13 +14,10 @@ import math
 import numpy as np
 
 from minidist.estimate._check import choice, count, fraction, nonnegative, positive
+from minidist.precision.formats import FORMATS as _PRECISION
 
-FORMATS = {  # (smallest normal, largest finite)
-    "fp16": (2.0 ** -14, 65504.0),
-    "bf16": (2.0 ** -126, 3.3895313892515355e38),
-    "fp8_e4m3": (2.0 ** -6, 448.0),
-    "fp8_e5m2": (2.0 ** -14, 57344.0),
-}
+# (smallest normal, largest finite) of each low-precision format, from the formats md.precision emulates bit for bit
+FORMATS = {name: (f.smallest_normal, f.max) for name, f in _PRECISION.items() if f.bits < 32}
 
 
 def topk_compression_ratio(keep_fraction: float, value_bytes: float = 2, index_bytes: float = 4,

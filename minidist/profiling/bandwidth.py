@@ -9,14 +9,18 @@ algorithm is bandwidth-optimal at that size; far below it, latency or contention
 
 from __future__ import annotations
 
-BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
-              "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p,
-              "broadcast": lambda p: 1.0, "reduce": lambda p: 1.0}
+from minidist.estimate.comm import BUS_FACTOR
+
+
+def _base(name: str) -> str:
+    """The collective behind a trace event's name (``all_gather_into_tensor`` -> ``all_gather``)."""
+    return name.split(".")[0].replace("_into_tensor", "").replace("_tensor", "").replace("_single", "")
 
 
 def bus_factor(name: str, p: int) -> float:
-    """nccl-tests' factor from algorithm to bus bandwidth for a collective over ``p`` ranks."""
-    base = name.split(".")[0].replace("_into_tensor", "").replace("_tensor", "").replace("_single", "")
+    """nccl-tests' factor from algorithm to bus bandwidth for a collective over ``p`` ranks (the estimator's
+    ``bus_bandwidth`` rule, applied to a trace event's name)."""
+    base = _base(name)
     if base not in BUS_FACTOR:
         raise ValueError(f"bus_factor: no bus-bandwidth rule for {name!r}; known: {sorted(BUS_FACTOR)}")
     return BUS_FACTOR[base](p)
@@ -28,7 +32,7 @@ def collective_table(trace, rank: int, group_size: int, predict=None) -> list[di
     rows = []
     for e in sorted((e for e in trace.events if e.rank == rank and e.stream == "comm"), key=lambda e: e.start):
         t = e.end - e.start
-        if t <= 0 or e.name in ("send", "recv", "barrier") or e.name.split(".")[0] not in _known():
+        if t <= 0 or _base(e.name) not in BUS_FACTOR:
             continue
         algbw = e.nbytes / t
         row = {"name": e.name, "bytes": e.nbytes, "seconds": t, "algbw": algbw,
@@ -37,13 +41,6 @@ def collective_table(trace, rank: int, group_size: int, predict=None) -> list[di
             row["predicted"] = predict(e.name, e.nbytes)
         rows.append(row)
     return rows
-
-
-def _known() -> set[str]:
-    names = set()
-    for base in BUS_FACTOR:
-        names |= {base, base + "_into_tensor", base + "_tensor", base + "_single"}
-    return names
 
 
 def format_table(rows: list[dict]) -> str:
