@@ -37,7 +37,7 @@ _REFERENCE: dict = {}
 
 
 def reference(cfg, **kw):
-    key = (id(cfg), tuple(sorted(kw.items())))
+    key = (repr(cfg), tuple(sorted(kw.items())))  # not id(cfg): a collected config's id is reused by the next
     if key not in _REFERENCE:
         _REFERENCE[key] = md.parallel.train(cfg, ParallelConfig(), steps=3, global_batch=4, **kw)
     return _REFERENCE[key]
