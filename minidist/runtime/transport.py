@@ -745,6 +745,7 @@ class Transport:
             if st == shm.FINISHED or st == shm.FAILED:
                 if self.progress() and op.done:  # its last words may have arrived meanwhile
                     continue
+                self._raise_if_mismatch()
                 raise PeerExitedError(
                     f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
                     f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
@@ -757,6 +758,16 @@ class Transport:
                 got = board.lookup_crc(r, key) if r != self.rank else None
                 if got is not None and got[0] == seq and got[1] != mine:
                     self._disagree(r, key, sig)
+
+    def _raise_if_mismatch(self) -> None:
+        """A peer that failed over a disagreeing call marked the abort word before it marked itself failed.
+
+        The word was read before the peer's state, so it is read again: the disagreement, not the exit, is the
+        cause every rank should report.
+        """
+        fence()
+        if self.board.q[0] and self.board.abort_is_mismatch():
+            raise MismatchError(self.board.aborted())
 
     def _unclaimed(self, op) -> str:
         """For a receive that will never complete: the tags of what its peer did send that nobody took."""
@@ -824,6 +835,7 @@ class Transport:
                     st = board.state(r)
                     got = board.lookup_crc(r, key)
                     if st in (shm.FINISHED, shm.FAILED) and (got is None or got[0] < seq):
+                        self._raise_if_mismatch()
                         raise PeerExitedError(f"rank {me} waits for rank {r} to join {what} but rank {r} has "
                                               f"{shm.STATE_NAMES[st]}")
                 now = time.monotonic()
