@@ -70,6 +70,9 @@ class ParallelConfig:
     virtual_stages: int = 1  # pipeline chunks per pp rank (schedule="interleaved")
     pp_balance: str = "even"  # pipeline stage cut: "even" (blocks) or "measured" (FLOPs of each block)
     sequence_parallel: bool = False  # with tp: norms/dropout on sequence shards, AG/RS instead of all-reduce
+    # with sequence_parallel: each all-gather / reduce-scatter cut into ring steps hidden behind the matmul that
+    # consumes or produces them, and the backward's collectives run under independent matmuls (tp_overlap.py)
+    tp_overlap: bool = False
     cp_method: str = "ring"  # context parallelism: "ring" attention or "ulysses" all-to-all
     cp_layout: str = "zigzag"  # how positions are dealt to cp ranks: "zigzag" (balanced causal work) or "contiguous"
     # with recompute="full": only the first n layers of each stage (model chunk) are recomputed, Megatron's
@@ -114,6 +117,11 @@ class ParallelConfig:
                              f"got {self.schedule!r}")
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"ParallelConfig: sequence_parallel must be True or False, got {self.sequence_parallel!r}")
+        if not isinstance(self.tp_overlap, bool):
+            raise ValueError(f"ParallelConfig: tp_overlap must be True or False, got {self.tp_overlap!r}")
+        if self.tp_overlap and not self.sequence_parallel:
+            raise ValueError("ParallelConfig: tp_overlap=True hides sequence parallelism's all-gathers and "
+                             "reduce-scatters behind the matmuls; set sequence_parallel=True (and tp > 1)")
         if self.pp_balance not in ("even", "measured"):
             raise ValueError(f"ParallelConfig: pp_balance must be 'even' or 'measured', got {self.pp_balance!r}")
         if self.algorithm is not None and self.algorithm not in known_algorithms():

@@ -32,6 +32,12 @@ from minidist.parallel.tensor_parallel import (
     all_gather_along,
     reduce_scatter_along,
 )
+from minidist.parallel.tp_overlap import (
+    all_gather_matmul,
+    matmul_reduce_scatter,
+    start_all_gather,
+    start_reduce_scatter,
+)
 
 
 def _charge_matmul(rows: int, k: int, n: int, dtype) -> None:
@@ -49,6 +55,9 @@ class _GatheredColumns(Function):
     @staticmethod
     def forward(ctx, x, tp, *wb):
         ctx.tp, ctx.x, ctx.wb = tp, x, wb
+        if tp.overlap:  # each shard's products while the next shard travels
+            _, ys = all_gather_matmul(x.data, [w.data for w in wb[::2]], tp)
+            return np.concatenate([y + b.data if b is not None else y for y, b in zip(ys, wb[1::2])], axis=-1)
         total = all_gather_along(x.data, tp, 1)
         outs = []
         for w, b in zip(wb[::2], wb[1::2]):
@@ -60,6 +69,13 @@ class _GatheredColumns(Function):
     @staticmethod
     def backward(ctx, gy):
         tp, x, wb = ctx.tp, ctx.x, ctx.wb
+        if tp.overlap:  # the extra all-gather runs under the input-gradient matmuls
+            gathered = start_all_gather(x.data, tp, 1)
+            dx, blocks = _input_grad(gy.data, wb[::2])
+            total = gathered()
+            scattered = start_reduce_scatter(dx, tp, 1)  # and the reduce-scatter under the weight gradients
+            grads = _column_weight_grads(gy.data, total, blocks, wb)
+            return (scattered(), None, *grads)
         total = all_gather_along(x.data, tp, 1)  # the extra all-gather: only the shard was kept
         t2 = total.reshape(-1, total.shape[-1])
         dx, start, blocks = np.zeros_like(total), 0, []
@@ -83,6 +99,33 @@ class _GatheredColumns(Function):
         return (reduce_scatter_along(dx, tp, 1), None, *grads)
 
 
+def _input_grad(gy: np.ndarray, ws) -> tuple[np.ndarray, list]:
+    """``sum_j gy_j @ w_j^T`` over the column blocks ``gy_j`` of the fused matmuls; their (start, width)."""
+    dx, start, blocks = None, 0, []
+    for w in ws:
+        n = w.shape[1]
+        blocks.append((start, n))
+        g = gy[..., start:start + n]
+        start += n
+        _charge_matmul(g.size // n, n, w.shape[0], gy.dtype)
+        dx = g @ w.data.T if dx is None else dx + g @ w.data.T
+    return dx, blocks
+
+
+def _column_weight_grads(gy: np.ndarray, total: np.ndarray, blocks, wb) -> tuple:
+    t2 = total.reshape(-1, total.shape[-1])
+
+    def compute():  # deferred to the W pass inside a zero-bubble I pass
+        grads = []
+        for (lo, n), w, b in zip(blocks, wb[::2], wb[1::2]):
+            g2 = gy[..., lo:lo + n].reshape(-1, n)
+            grads += [t2.T @ g2, None if b is None else g2.sum(axis=0)]
+            _charge_matmul(w.shape[0], t2.shape[0], n, total.dtype)
+        return grads
+
+    return weight_grads(wb, compute, (t2, gy))
+
+
 class _RowParallelMatmul(Function):
     """``x_i @ W_i`` followed by ``g`` (all-reduce), or by a reduce-scatter along the sequence with
     sequence parallelism; fused so the partial sums are not kept once reduced."""
@@ -90,6 +133,8 @@ class _RowParallelMatmul(Function):
     @staticmethod
     def forward(ctx, x, w, tp):
         ctx.tp, ctx.x, ctx.w = tp, x, w
+        if tp.overlap and tp.sequence_parallel:  # each block's partial product while the last sum travels
+            return matmul_reduce_scatter(x.data, w.data, tp)
         _charge_matmul(x.size // x.shape[-1], w.shape[0], w.shape[1], x.dtype)
         partial = x.data @ w.data
         if tp.sequence_parallel:
@@ -99,16 +144,21 @@ class _RowParallelMatmul(Function):
     @staticmethod
     def backward(ctx, g):
         tp, x, w = ctx.tp, ctx.x, ctx.w
-        g = all_gather_along(g.data, tp, 1) if tp.sequence_parallel else g.data
+        if tp.overlap and tp.sequence_parallel:  # the input gradient of each shard while the next travels
+            g, (dx,) = all_gather_matmul(g.data, [w.data.T], tp)
+        else:
+            g = all_gather_along(g.data, tp, 1) if tp.sequence_parallel else g.data
+            dx = None
         g2, x2 = g.reshape(-1, g.shape[-1]), x.data.reshape(-1, x.shape[-1])
-        _charge_matmul(g2.shape[0], w.shape[1], w.shape[0], g.dtype)
+        if dx is None:
+            _charge_matmul(g2.shape[0], w.shape[1], w.shape[0], g.dtype)
 
         def compute():
             _charge_matmul(w.shape[0], g2.shape[0], w.shape[1], g.dtype)
             return (x2.T @ g2,)
 
         (gw,) = weight_grads((w,), compute, (x2, g2))  # deferred inside a zero-bubble I pass
-        return g @ w.data.T, gw, None
+        return (g @ w.data.T if dx is None else dx), gw, None
 
 
 # -- the layers ----------------------------------------------------------------------------

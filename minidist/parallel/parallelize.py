@@ -110,7 +110,8 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         layout = stage_layout(model.config.n_layers, pc.pp, schedule.virtual, layer_costs)
     tp_axes = None
     if pc.tp > 1 or pc.sequence_parallel:  # 2.
-        tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm)
+        tpg = TPGroup(mesh.get_group("tp"), pc.tp, mesh.get_local_rank("tp"), pc.sequence_parallel, pc.algorithm,
+                      pc.tp_overlap)
         model = tensor_parallelize(model, tpg)
         tp_axes = shard_axes(model)
     cp = None

@@ -46,6 +46,7 @@ class TPGroup:
     rank: int = 0
     sequence_parallel: bool = False
     algorithm: str | None = None  # collective algorithm (None: the runtime's choice)
+    overlap: bool = False  # with sequence parallelism: collectives hidden behind the matmuls (tp_overlap.py)
 
     @classmethod
     def of(cls, group=None, sequence_parallel: bool = False, algorithm: str | None = None) -> TPGroup:
