@@ -83,6 +83,9 @@ def test_training_with_overlap_reproduces_one_device_and_hides_communication():
     assert hidden.overlap > plain.overlap + 0.2  # alpha_ov: the share of the shorter stream hidden
     exposed = [sum(v for k, v in b.parts.items() if k.startswith("exposed")) for b in (plain, hidden)]
     assert exposed[1] < exposed[0]
+    for b in run_budget(sp) + run_budget(ov):  # the book's T = T_c + T_m - alpha_ov min(T_c, T_m), plus idle
+        busy = b.compute + b.comm - b.overlap * min(b.compute, b.comm)
+        assert math.isclose(busy + b.parts.get("idle", 0.0), b.total, rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("pc", [
