@@ -16,7 +16,8 @@ side), ``flat`` (padded flat parameters), ``flat_optim`` (the elementwise update
 Tensor parallelism (chapter 15): ``tensor_parallel`` (TPGroup, the conjugate f/g operators and their
 sequence-parallel halves), ``parallel_linear`` (column/row-parallel linears), ``sequence_parallel`` (norms, dropout and
 positions on sequence shards), ``vocab_parallel`` (embedding, head, cross-entropy split by
-vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(GPT)``).
+vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(GPT)``), ``tp_overlap`` (the
+sequence-parallel collectives cut into ring steps hidden behind their matmuls).
 
 Pipeline parallelism (chapter 16): ``schedules`` (schedules as data: GPipe, 1F1B, interleaved, ZB-H1;
 the checker and simulator), ``split_backward`` (input- and weight-gradient passes for zero bubble),
@@ -38,6 +39,7 @@ from minidist.parallel.train import TrainResult, train
 from minidist.parallel.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from minidist.parallel.tensor_parallel import TPGroup
 from minidist.parallel.tensor_parallel_model import tensor_parallelize
+from minidist.parallel.tp_overlap import all_gather_matmul, matmul_reduce_scatter
 from minidist.parallel.vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 # isort: split
@@ -64,7 +66,7 @@ from minidist.parallel.local_sgd import DiLoCo, LocalSGD, evaluate, train_local
 __all__ = ["FlatUnit", "ParallelConfig", "Parallelized", "TrainResult", "build_mesh", "graph_bytes", "parallelize",
            "split_sizes", "state_bytes_per_param", "train"]
 __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParallelEmbedding", "tensor_parallelize",
-            "vocab_parallel_cross_entropy"]
+            "vocab_parallel_cross_entropy", "all_gather_matmul", "matmul_reduce_scatter"]
 __all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", "expert_parallelize",
             "ring_attention", "ulysses_attention"]
 __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "make_schedule", "measure_schedule",
