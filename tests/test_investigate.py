@@ -21,13 +21,22 @@ SCENARIOS = {
     "small buckets": (WIDE, ParallelConfig(dp=4, bucket_bytes=2e4), {},
                       [("latency-bound communication", "all_reduce")]),
     "unequal stages": (PIPE, ParallelConfig(pp=2, microbatches=4), {}, [("stage imbalance", None)]),
+    # two GPUs per node: half the ring's links cross nodes; "rated" is the spec sheet the investigator reads
+    "healthy, two nodes": (WIDE, ParallelConfig(dp=4, bucket_bytes=4e5),
+                           dict(cluster=md.Cluster(gpus_per_node=2), rated=md.Cluster(gpus_per_node=2)), []),
+    "oversubscribed fabric": (WIDE, ParallelConfig(dp=4, bucket_bytes=4e5),
+                              dict(cluster=md.Cluster(gpus_per_node=2, oversubscription=4),
+                                   rated=md.Cluster(gpus_per_node=2)),
+                              [("oversubscribed fabric", "inter-node links")]),
 }
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_each_injected_fault_is_found_by_the_procedure(name):
     cfg, pc, kw, expected = SCENARIOS[name]
-    rep = investigate(train(cfg, pc, steps=2, global_batch=16, **kw))
+    kw = dict(kw)
+    rated = kw.pop("rated", None)
+    rep = investigate(train(cfg, pc, steps=2, global_batch=16, **kw), cluster=rated)
     assert [(kind, subject) for kind, subject, _ in rep.causes] == expected, rep.lines()
     assert len(rep.fixes) == len(expected) and len(rep.lines()) >= 5
 
@@ -38,3 +47,28 @@ def test_triage_against_the_prediction():
     predicted = md.estimate.predict_train(WIDE, pc, 16).step_time
     rep = investigate(r, predicted_step=predicted)
     assert rep.slowdown > 0.2 and "against the prediction" in rep.lines()[0]
+
+
+def test_a_hung_rank_is_named_from_the_timeout_report():
+    with pytest.raises(md.runtime.RankError) as info:
+        train(WIDE, ParallelConfig(dp=4), steps=2, global_batch=16, faults=Faults(hang={2: 1}), timeout=2)
+    rep = investigate(info.value)
+    assert [(kind, subject) for kind, subject, _ in rep.causes] == [("hung rank", 2)], rep.lines()
+    assert rep.step is None and "timeout" in rep.lines()[1] and "stack" in rep.fixes[0]
+
+
+def test_a_failure_that_is_not_a_hang_is_not_called_one():
+    def boom():
+        raise ValueError("a bug")
+
+    with pytest.raises(md.runtime.RankError) as info:
+        md.launch(boom, 2)
+    assert investigate(info.value).kinds() == ["failure"]
+
+
+def test_oversubscription_slows_only_the_links_between_nodes():
+    c = md.Cluster(gpus_per_node=2, oversubscription=4)
+    assert c.link(0, 1) == md.Cluster(gpus_per_node=2).link(0, 1)
+    assert c.link(1, 2).beta == md.Cluster().inter_link.beta / 4
+    with pytest.raises(ValueError, match="oversubscription"):
+        md.Cluster(oversubscription=0.5)

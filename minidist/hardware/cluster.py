@@ -35,6 +35,10 @@ class Cluster:
     ``storage_bw`` is the bytes/s a node writes to checkpoint storage, shared by its GPUs (default: one
     NVMe drive's 7 GB/s, the storage tier of the book's memory hierarchy, chapter 22). ``slow_links``
     ({(src, dst): factor}) divides one directed link's bandwidth, to stage a degraded cable (chapter 33).
+    ``oversubscription`` k stages a k:1 oversubscribed fabric: the uplinks from the nodes' switches carry 1/k of
+    what their NICs can send, so when every GPU sends across nodes at once, as a data-parallel ring does, each
+    gets 1/k of its NIC. The model is that worst case, applied to every inter-node message (a lone message on a
+    real fabric would not slow down).
     """
 
     gpu: GPU
@@ -48,6 +52,7 @@ class Cluster:
     host_link: Link = None  # type: ignore[assignment]
     storage_bw: float = 7e9
     slow_links: tuple = ()  # ((src, dst), factor) pairs: that directed link's bandwidth divided by factor
+    oversubscription: float = 1.0  # k:1 between the nodes' switches and the spine: inter-node bandwidth / k
 
     def __init__(
         self,
@@ -62,6 +67,7 @@ class Cluster:
         host_link: str | Link = "PCIe5-x16",
         storage_bw: float = 7e9,
         slow_links=(),
+        oversubscription: float = 1.0,
     ) -> None:
         if gpus_per_node < 1:
             raise ValueError(f"Cluster: gpus_per_node must be >= 1, got {gpus_per_node}")
@@ -87,6 +93,10 @@ class Cluster:
                 raise ValueError(f"Cluster: slow_links maps (src, dst) rank pairs to a factor >= 1, got "
                                  f"{pair!r}: {factor!r}")
         set_(self, "slow_links", pairs)
+        if not (isinstance(oversubscription, (int, float)) and oversubscription >= 1):
+            raise ValueError(f"Cluster: oversubscription must be a number >= 1 (k for a k:1 fabric), got "
+                             f"{oversubscription!r}")
+        set_(self, "oversubscription", float(oversubscription))
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod
@@ -127,6 +137,9 @@ class Cluster:
         if src == dst:
             raise ValueError(f"Cluster.link: rank {src} has no link to itself")
         base = self.intra_link if self.same_node(src, dst) else self.inter_link
+        if self.oversubscription > 1 and base is self.inter_link:  # every NIC's share when all send at once
+            base = Link(f"{base.name} ({self.oversubscription:g}:1 oversubscribed)", base.alpha,
+                        base.beta / self.oversubscription)
         for pair, factor in self.slow_links:  # a degraded cable or port (chapter 33's investigations)
             if pair == (src, dst):
                 return Link(f"{base.name} (slowed {factor:g}x)", base.alpha, base.beta / factor)

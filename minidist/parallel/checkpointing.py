@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,9 @@ class RankCheckpointer:
     def before_step(self, step: int) -> None:
         if step in self.kills:
             self._die(step, self.clock.now(), "killed")
+        if self.faults is not None and self.faults.hang.get(self.rank) == step:
+            while True:  # a hang: no error, no progress; only the peers' timeout can end the run
+                time.sleep(0.05)
 
     def after_step(self, step: int) -> bool:
         """Fail here if the fault plan says so; True means "roll back" (an in-place failure)."""

@@ -56,7 +56,9 @@ class Faults:
     """What goes wrong in a run: ``kill`` ((rank, step) pairs: that rank dies as it starts that step, once);
     ``mtbf`` (simulated seconds: failures of a random rank arrive as a Poisson process, drawn from
     ``seed``); ``slow`` ({rank: factor}: that rank's compute takes ``factor`` times longer);
-    ``restart_seconds`` (simulated time to reschedule and reload after a failure). ``in_place=True``:
+    ``restart_seconds`` (simulated time to reschedule and reload after a failure); ``hang`` ({rank: step}:
+    that rank stops making progress as it starts that step, in its own code, as a GPU stuck in a kernel or a
+    process deadlocked on a lock would; its peers wait until the launch's timeout). ``in_place=True``:
     an MTBF failure is survived inside the launch - every rank rolls back to the newest checkpoint, as an
     elastic agent restarting the job on the same machines would - instead of ending the processes; the
     arithmetic is the same, without the wall-clock cost of new processes (for sweeps)."""
@@ -67,6 +69,7 @@ class Faults:
     slow: dict = field(default_factory=dict)
     restart_seconds: float = 0.0
     in_place: bool = False
+    hang: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for pair in self.kill:
@@ -77,6 +80,9 @@ class Faults:
         for r, f in self.slow.items():
             if not (isinstance(r, int) and r >= 0 and f >= 1):
                 raise ValueError(f"Faults: slow maps a rank to a factor >= 1, got {r!r}: {f!r}")
+        for r, step in self.hang.items():
+            if not (isinstance(r, int) and r >= 0 and isinstance(step, int) and step >= 0):
+                raise ValueError(f"Faults: hang maps a rank to the step it hangs at (ints >= 0), got {r!r}: {step!r}")
         if not self.restart_seconds >= 0:
             raise ValueError(f"Faults: restart_seconds must be >= 0, got {self.restart_seconds!r}")
         if self.in_place and (self.mtbf is None or self.kill):
@@ -92,7 +98,7 @@ class Faults:
             yield t
 
     def check(self, world_size: int) -> None:
-        bad = [r for r, _ in self.kill if r >= world_size] + [r for r in self.slow if r >= world_size]
+        bad = [r for r, _ in self.kill if r >= world_size] + [r for r in [*self.slow, *self.hang] if r >= world_size]
         if bad:
             raise ValueError(f"Faults: rank(s) {bad} outside the {world_size} ranks of the layout")
 

@@ -10,7 +10,16 @@ class MismatchError(ValueError):
 
 
 class CommTimeoutError(TimeoutError):
-    """A rank waited longer than the launch timeout; the message reports who waits for whom."""
+    """A rank waited longer than the launch timeout; the message reports who waits for whom.
+
+    ``states`` maps every rank to what it was doing when the wait gave up: ``"waiting"`` (in a
+    communication call), ``"running"`` (its own code), ``"stopped"`` (SIGSTOP), ``"finished"`` or ``"failed"``;
+    a rank that is running while the others wait for it is the one that hangs.
+    """
+
+    def __init__(self, message: str, states: dict | None = None) -> None:
+        super().__init__(message)
+        self.states = dict(states or {})
 
 
 class PeerExitedError(RuntimeError):

@@ -677,7 +677,7 @@ class Transport:
                 now = time.monotonic()
                 self._check_peers(ops, slow=now - t0 > 0.05)
                 if now >= deadline:
-                    raise CommTimeoutError(self._report(ops, now - t0))
+                    raise CommTimeoutError(self._report(ops, now - t0), self._states())
                 if described and now - t0 > 0.5:
                     suspect = self._check_deadlock(suspect, now)
                 if not blocked:
@@ -841,7 +841,8 @@ class Transport:
                 now = time.monotonic()
                 if now - t0 >= self.timeout:
                     raise CommTimeoutError(self._report_text(
-                        f"rank {me} waited {now - t0:.1f} s for ranks {late} to join {what}", now - t0))
+                        f"rank {me} waited {now - t0:.1f} s for ranks {late} to join {what}", now - t0),
+                        self._states())
                 if not blocked:
                     if self.spin and now - t0 < self.spin:
                         continue
@@ -863,18 +864,33 @@ class Transport:
     def _report(self, ops, waited: float) -> str:
         return self._report_text(f"rank {self.rank} waited {waited:.1f} s in {self._what(ops)}", waited)
 
+    def _peer_state(self, r: int) -> tuple[str, int, float, str]:
+        """What rank ``r`` is doing: (kind, board state, since, description)."""
+        st, since, desc = self.board.describe(r)
+        if st == shm.WAITING:
+            return "waiting", st, since, desc
+        if process_state(self.peer_pid(r)) == "stopped":
+            return "stopped", st, since, desc
+        if st == shm.RUNNING:
+            return "running", st, since, desc
+        return shm.STATE_NAMES[st], st, since, desc
+
+    def _states(self) -> dict[int, str]:
+        """Every rank's kind of activity (this one is waiting): the structured half of a timeout report."""
+        return {r: "waiting" if r == self.rank else self._peer_state(r)[0] for r in range(self.world)}
+
     def _report_text(self, first: str, waited: float) -> str:
         lines = [first]
         now = time.time()
         for r in range(self.world):
             if r == self.rank:
                 continue
-            st, since, desc = self.board.describe(r)
-            if st == shm.WAITING:
+            kind, st, since, desc = self._peer_state(r)
+            if kind == "waiting":
                 lines.append(f"rank {r} is waiting ({now - since:.1f} s) in {desc}")
-            elif process_state(self.peer_pid(r)) == "stopped":
+            elif kind == "stopped":
                 lines.append(f"rank {r} is stopped (SIGSTOP, Ctrl-Z or a debugger): it cannot run until continued")
-            elif st == shm.RUNNING:
+            elif kind == "running":
                 lines.append(f"rank {r} is running its own code (not in a communication call)")
             else:
                 lines.append(f"rank {r} has {shm.STATE_NAMES[st]}")
