@@ -5,6 +5,7 @@ went wrong and a hint; on success it prints one line.
 """
 
 from minidist.labs.alpha_beta_checks import check_chunked_time, check_crossover, check_fit_alpha_beta, check_real_fit
+from minidist.labs.capstone_checks import Design, check_design, check_gpus_for
 from minidist.labs.check import CheckFailed
 from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
 from minidist.labs.compression_checks import check_powersgd_bytes, check_stochastic_round, check_topk_feedback
@@ -64,4 +65,4 @@ from minidist.labs.zero_checks import check_min_gpus, check_model_state_bytes, c
 
 _install_notebook_errors()  # in a notebook: check messages without the check's source, one line per stub
 
-__all__ = ["CheckFailed", *sorted(name for name in dir() if name.startswith("check_"))]
+__all__ = ["CheckFailed", "Design", *sorted(name for name in dir() if name.startswith("check_"))]

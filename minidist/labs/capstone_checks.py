@@ -1,0 +1,106 @@
+"""Checks for lab 25, the capstone (book chapters 34-37): a training-run design is accepted when its numbers agree
+with each other and with the estimator, whatever layout, cluster size or checkpoint policy it chose."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from minidist.estimate import CALIBRATED, Layout, cluster, estimate_layout, model
+from minidist.estimate.reliability import checkpoint_overhead, young_daly_interval
+from minidist.labs.check import CheckFailed, check_cases, passed
+
+
+@dataclass
+class Design:
+    """One training run, end to end. Times in seconds unless named otherwise; money in US dollars."""
+
+    model: str  # a named model of md.estimate
+    cluster: str  # a named cluster of md.estimate
+    gpus: int
+    layout: Layout
+    global_batch: int  # sequences per step
+    seq_len: int
+    tokens: float  # to train on
+    step_time: float  # predicted seconds per step
+    mfu: float
+    checkpoint_seconds: float  # what one checkpoint stalls training
+    mtbf_s: float  # of the whole job's hardware
+    checkpoint_interval_s: float
+    overhead: float  # share of time lost to checkpoints and redone work
+    days: float  # wall-clock, overhead included
+    usd_per_gpu_hour: float
+    cost_usd: float
+    budget_usd: float
+    deadline_days: float
+
+
+def check_gpus_for(fn) -> None:
+    """``fn(flops, peak, mfu, days)``: GPUs that deliver ``flops`` in ``days`` at ``mfu`` of ``peak`` FLOP/s each."""
+    cases = [((f, p, u, d), f / (p * u * d * 86400), "FLOPs / (peak x MFU x seconds in the deadline)")
+             for f, p, u, d in ((6.35e24, 989e12, 0.4, 60), (1e21, 312e12, 0.5, 1), (3.8e25, 989e12, 0.38, 54))]
+
+    def diagnose(args, expected, got):
+        if math.isclose(got, expected * 86400):
+            return "days are 86,400 seconds each"
+        if math.isclose(got, expected * 24):
+            return "days are 86,400 seconds each, not 3,600"
+        if math.isclose(got, expected * args[2] ** 2):
+            return "divide by the MFU: the GPUs deliver only that share of their peak"
+        return None
+
+    check_cases("gpus_for", fn, cases, rel=1e-9, diagnose=diagnose)
+
+
+def _off(got: float, want: float, rel: float) -> bool:
+    return not math.isclose(got, want, rel_tol=rel)
+
+
+def check_design(d: Design) -> None:
+    """Every number of ``d`` recomputed from the ones it depends on; all disagreements reported at once."""
+    problems: list[str] = []
+    try:
+        mdl, cl = model(d.model), cluster(d.cluster)
+    except ValueError as e:
+        raise CheckFailed(f"design: {e}") from None
+    lay = d.layout
+    if lay.gpus != d.gpus:
+        problems.append(f"the layout uses tp x cp x pp x dp = {lay.gpus} GPUs, the design {d.gpus}")
+    est = None
+    try:
+        est = estimate_layout(mdl, cl, lay, d.global_batch, d.seq_len, CALIBRATED)
+    except ValueError as e:
+        problems.append(f"the estimator cannot price this layout: {e}")
+    if est is not None:
+        if not est.fits:
+            problems.append(f"the layout needs {sum(est.memory.values()) / 1e9:.1f} GB per GPU, more than the "
+                            f"{est.hbm_bytes / 1e9:.0f} GB usable: pick a layout the planner says fits")
+        if _off(d.step_time, est.step_time, 0.02):
+            problems.append(f"step_time {d.step_time:.3g} s, but the estimator predicts {est.step_time:.3g} s for "
+                            f"this layout (take it from the plan's Estimate)")
+        if _off(d.mfu, est.mfu, 0.02):
+            problems.append(f"mfu {d.mfu:.3f}, the estimator says {est.mfu:.3f}")
+    steps = d.tokens / (d.global_batch * d.seq_len)
+    want_interval = young_daly_interval(d.checkpoint_seconds, d.mtbf_s)
+    if _off(d.checkpoint_interval_s, want_interval, 0.05):
+        problems.append(f"checkpoint_interval_s {d.checkpoint_interval_s:.4g}, but sqrt(2 C MTBF) with "
+                        f"C = {d.checkpoint_seconds:.3g} s and MTBF = {d.mtbf_s:.4g} s is {want_interval:.4g} s")
+    want_overhead = checkpoint_overhead(d.checkpoint_interval_s, d.checkpoint_seconds, d.mtbf_s)
+    if _off(d.overhead, want_overhead, 0.05):
+        problems.append(f"overhead {d.overhead:.4f}, but C / I + I / (2 MTBF) = {want_overhead:.4f}")
+    want_days = steps * d.step_time * (1 + d.overhead) / 86400
+    if _off(d.days, want_days, 0.02):
+        problems.append(f"days {d.days:.4g}, but {steps:,.0f} steps of {d.step_time:.3g} s with {d.overhead:.1%} "
+                        f"overhead take {want_days:.4g} days")
+    want_cost = d.gpus * d.days * 24 * d.usd_per_gpu_hour
+    if _off(d.cost_usd, want_cost, 0.02):
+        problems.append(f"cost_usd {d.cost_usd:,.0f}, but {d.gpus} GPUs x {d.days:.4g} days x 24 h x "
+                        f"${d.usd_per_gpu_hour}/h = {want_cost:,.0f}")
+    if d.cost_usd > d.budget_usd:
+        problems.append(f"the run costs {d.cost_usd:,.0f} USD, over the budget of {d.budget_usd:,.0f}")
+    if d.days > d.deadline_days:
+        problems.append(f"the run takes {d.days:.1f} days, past the deadline of {d.deadline_days:g}")
+    if problems:
+        raise CheckFailed("design: the numbers do not hold together:\n  - " + "\n  - ".join(problems))
+    passed(f"design: {d.gpus} GPUs, {lay.label()}, {d.days:.1f} days, {d.cost_usd / 1e6:.2f} M USD, "
+           f"checkpoint every {d.checkpoint_interval_s / 60:.1f} min: consistent")

@@ -1,0 +1,57 @@
+"""Lab 25's design check accepts any self-consistent design and names every number that disagrees."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import minidist as md
+from minidist.labs import CheckFailed
+
+
+def _design(**changes) -> md.labs.Design:
+    est = md.estimate.plan("llama3_70b", "dgx-h100", 4096, top=3)[2]  # not the top one: any layout that fits
+    C, M = 0.3, 45_000.0
+    interval = md.estimate.young_daly_interval(C, M)
+    overhead = md.estimate.checkpoint_overhead(interval, C, M)
+    days = 15e12 / (est.global_batch * est.seq_len) * est.step_time * (1 + overhead) / 86400
+    d = md.labs.Design("llama3_70b", "dgx-h100", 4096, est.layout, est.global_batch, est.seq_len, 15e12,
+                       est.step_time, est.mfu, C, M, interval, overhead, days, 4.0, 4096 * days * 24 * 4.0,
+                       25e6, 60)
+    return dataclasses.replace(d, **changes)
+
+
+def test_a_consistent_design_passes(capsys):
+    md.labs.check_design(_design())
+    assert "consistent" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(cost_usd=1e6), "cost_usd"),
+    (dict(step_time=1.0), "the estimator predicts"),
+    (dict(gpus=2048), "GPUs, the design 2048"),
+    (dict(checkpoint_interval_s=60.0), "sqrt\\(2 C MTBF\\)"),
+    (dict(days=10.0), "days 10"),
+    (dict(budget_usd=1e6), "over the budget"),
+    (dict(deadline_days=20), "past the deadline"),
+    (dict(layout=md.estimate.Layout(tp=1, pp=2, dp=2048, zero_stage=0)), "usable"),
+    (dict(layout=md.estimate.Layout(tp=1, dp=4096)), "cannot price"),
+])
+def test_each_inconsistency_is_named(changes, message):
+    with pytest.raises(CheckFailed, match=message):
+        md.labs.check_design(_design(**changes))
+
+
+def test_every_disagreement_is_reported_at_once():
+    with pytest.raises(CheckFailed) as info:
+        md.labs.check_design(_design(cost_usd=1.0, mfu=0.9))
+    assert "cost_usd" in str(info.value) and "mfu" in str(info.value)
+
+
+def test_gpus_for_explains_the_usual_mistakes():
+    md.labs.check_gpus_for(lambda f, p, u, d: f / (p * u * d * 86400))
+    with pytest.raises(CheckFailed, match="not 3,600"):
+        md.labs.check_gpus_for(lambda f, p, u, d: f / (p * u * d * 3600))
+    with pytest.raises(CheckFailed, match="divide by the MFU"):
+        md.labs.check_gpus_for(lambda f, p, u, d: f * u / (p * d * 86400))
