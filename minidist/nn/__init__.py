@@ -9,7 +9,8 @@ from minidist.nn.gpt import GPT, Block, GPTConfig, TiedHead
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module, ModuleList, Parameter, as_rng
-from minidist.nn.moe import MoE
+from minidist.nn.moe import MoE, update_route_bias
 
 __all__ = ["GPT", "MLP", "Block", "CausalSelfAttention", "Dropout", "Embedding", "GPTConfig", "LayerNorm", "Linear",
-           "MoE", "Module", "ModuleList", "Parameter", "RMSNorm", "TiedHead", "as_rng", "functional", "repeat_kv"]
+           "MoE", "Module", "ModuleList", "Parameter", "RMSNorm", "TiedHead", "as_rng", "functional", "repeat_kv",
+           "update_route_bias"]

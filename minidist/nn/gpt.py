@@ -20,7 +20,7 @@ from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE, aux_loss
+from minidist.nn.moe import BALANCE, MoE, aux_loss
 
 _MLPS = ("gelu", "swiglu")
 _NORMS = ("layernorm", "rmsnorm")
@@ -52,6 +52,8 @@ class GPTConfig:
     shared_expert: bool = False
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 0.001
+    moe_balance: str = "aux_loss"  # or "bias": DeepSeek-V3's auxiliary-loss-free routing biases (set aux_loss_coef=0)
+    bias_update: float = 1e-3  # with moe_balance="bias": how far each bias moves per step
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
@@ -79,6 +81,8 @@ class GPTConfig:
         if self.n_experts < 0 or (self.n_experts and not 1 <= self.top_k <= self.n_experts):
             raise ValueError(f"GPTConfig: need n_experts >= 0 and 1 <= top_k <= n_experts, got "
                              f"n_experts={self.n_experts}, top_k={self.top_k}")
+        if self.moe_balance not in BALANCE:
+            raise ValueError(f"GPTConfig: moe_balance must be one of {BALANCE}, got {self.moe_balance!r}")
         if np.dtype(self.dtype).kind != "f":
             raise ValueError(f"GPTConfig: dtype must be a floating-point type, got {self.dtype!r}")
 
@@ -97,8 +101,9 @@ def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: f
     """The feed-forward module of one block: the dense MLP, or a mixture of experts when n_experts > 0."""
     if config.n_experts:
         return MoE(config.d_model, config.d_ff, config.n_experts, config.top_k, config.capacity_factor, config.mlp,
-                   config.bias, config.shared_expert, config.aux_loss_coef, config.z_loss_coef, rng=rng,
-                   init_std=std, out_std=out_std, dtype=config.dtype)
+                   config.bias, config.shared_expert, config.aux_loss_coef, config.z_loss_coef,
+                   balance=config.moe_balance, bias_update=config.bias_update, rng=rng, init_std=std,
+                   out_std=out_std, dtype=config.dtype)
     return MLP(config.d_model, config.d_ff, config.mlp, config.bias, rng=rng, init_std=std, out_std=out_std,
                dtype=config.dtype)
 

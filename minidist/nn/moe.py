@@ -19,6 +19,13 @@ tokens travel to them.
   routing collapses onto few experts.
 * **Router z-loss** (ST-MoE): the mean of ``logsumexp(logits)^2``, which keeps router logits small.
 * **Shared expert** (DeepSeek): an ordinary MLP every token also goes through.
+* **Auxiliary-loss-free balancing** (``balance="bias"``; Wang et al. 2024, used by DeepSeek-V3): a per-expert
+  bias is added to the router's probabilities *to choose* the top k, never to weight their outputs, and after
+  each step every bias moves by ``bias_update`` towards balance: up for an expert that received fewer than the
+  mean number of assignments, down for one that received more (``update_route_bias``). No gradient flows
+  through it, so balance costs the model nothing in its loss. (DeepSeek-V3 scores with sigmoids; here the
+  router's softmax probabilities take their place.) The loads are the whole batch's, the same on every rank,
+  so every rank moves its biases the same way.
 
 ``forward`` stores ``aux_loss`` (both losses times their coefficients; GPT adds it to its loss)
 and ``stats`` (per-expert loads, drops, capacity) for monitoring. How tokens reach the experts
@@ -85,6 +92,9 @@ def keep_mask(experts: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return keep
 
 
+BALANCE = ("aux_loss", "bias")
+
+
 class LocalRouting:
     """Every expert on this device; the routing counts are this device's own."""
 
@@ -106,7 +116,8 @@ class LocalRouting:
 class MoE(Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, capacity_factor: float | None = None,
                  kind: str = "gelu", bias: bool = True, shared_expert: bool = False, aux_loss_coef: float = 0.01,
-                 z_loss_coef: float = 0.001, renormalize: bool | None = None, *,
+                 z_loss_coef: float = 0.001, renormalize: bool | None = None, balance: str = "aux_loss",
+                 bias_update: float = 1e-3, *,
                  rng: np.random.Generator | int | None = None, init_std: float | None = None,
                  out_std: float | None = None, dtype="float32") -> None:
         """``renormalize`` (default: when top_k > 1) divides the chosen gates by their sum."""
@@ -116,6 +127,12 @@ class MoE(Module):
                              f"top_k={top_k}")
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"MoE: capacity_factor must be > 0 or None, got {capacity_factor}")
+        if balance not in BALANCE:
+            raise ValueError(f"MoE: balance must be one of {BALANCE}, got {balance!r}")
+        if not bias_update >= 0:
+            raise ValueError(f"MoE: bias_update must be >= 0, got {bias_update!r}")
+        self.balance, self.bias_update = balance, float(bias_update)
+        self.route_bias = np.zeros(n_experts)  # a statistic of past loads, not a parameter: no gradient
         rng = as_rng(rng)
         self.n_experts, self.top_k, self.capacity_factor = n_experts, top_k, capacity_factor
         self.aux_loss_coef, self.z_loss_coef = aux_loss_coef, z_loss_coef
@@ -137,7 +154,8 @@ class MoE(Module):
         N, E, k = xf.shape[0], self.n_experts, self.top_k
         logits = self.router(xf)
         probs = F.softmax(logits, axis=-1)
-        experts = top_k_experts(probs.data, k)
+        scores = probs.data + self.route_bias if self.balance == "bias" else probs.data
+        experts = top_k_experts(scores, k)  # the bias chooses; the probabilities below still weight
         gates = probs[np.arange(N)[:, None], experts]
         if self.renormalize:
             gates = gates / gates.sum(axis=-1, keepdims=True)
@@ -178,6 +196,15 @@ class MoE(Module):
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, top_k={self.top_k}, capacity_factor={self.capacity_factor}, "
                 f"shared_expert={self.shared is not None}")
+
+
+def update_route_bias(model: Module) -> None:
+    """After an optimizer step: move each bias-balanced router's biases by ``bias_update`` towards the mean load
+    of its last forward (``b_i += u sign(mean load - load_i)``)."""
+    for m in model.modules():
+        if isinstance(m, MoE) and m.balance == "bias" and "load" in m.stats:
+            load = np.asarray(m.stats["load"], dtype=np.float64)
+            m.route_bias = m.route_bias + m.bias_update * np.sign(load.mean() - load)
 
 
 def aux_loss(model: Module):

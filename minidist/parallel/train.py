@@ -20,7 +20,7 @@ import numpy as np
 from minidist import dist
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
-from minidist.nn import GPT
+from minidist.nn import GPT, update_route_bias
 from minidist.parallel.checkpointing import Attempt, CheckpointPlan
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import assemble
@@ -132,6 +132,7 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         else:
             opt.step_on_device(pieces, model_config.dtype, skip)
         reducer.after_step(par.model)
+        update_route_bias(par.model)  # auxiliary-loss-free MoE balancing: the biases move after each step
         clock.join(clock.end())
         windows.append((t0, dist.now()))
         if keeper.after_step(step):  # a failure survived in place: back to the newest checkpoint
@@ -199,6 +200,9 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     mp = MixedPrecision(precision, loss_scale)
     if mp.scaler() is not None and checkpoint_dir is not None:
         raise ValueError("parallel.train: loss scaling with checkpoints is not supported yet (the scale is not saved)")
+    if getattr(model_config, "moe_balance", "aux_loss") == "bias" and checkpoint_dir is not None:
+        raise ValueError("parallel.train: moe_balance='bias' with checkpoints is not supported yet (the routing "
+                         "biases are not saved)")
     cfg = replace(model_config, dtype=dtype)
     check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
