@@ -1,0 +1,46 @@
+"""Checks for lab 24, case studies (book chapters 34-36): the key-value saving of latent attention and the reach of
+stacked sliding windows."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minidist.labs.check import check_cases
+
+
+def check_mla_kv_saving(fn: Callable[[int, int, int, int], float]) -> None:
+    """``fn(heads, head_dim, latent, rope)``: how many times fewer numbers per token and layer MLA caches than
+    multi-head attention (keys and values of every head against one latent plus one decoupled RoPE key)."""
+    cases = [((h, d, c, r), 2 * h * d / (c + r), "multi-head attention caches a key and a value per head; MLA caches "
+              "the latent and the shared RoPE key")
+             for h, d, c, r in ((128, 128, 512, 64), (32, 128, 512, 64), (16, 64, 256, 0), (8, 64, 128, 32))]
+
+    def diagnose(args, expected, got):
+        h, d, c, r = args
+        if math.isclose(got, h * d / (c + r)):
+            return "count both the keys and the values of every head: 2 h d numbers per token"
+        if r and math.isclose(got, 2 * h * d / c):
+            return "MLA also caches the decoupled RoPE key (d_rope numbers per token), shared by the heads"
+        return None
+
+    check_cases("mla_kv_saving", fn, cases, rel=1e-12, diagnose=diagnose)
+
+
+def check_receptive_field(fn: Callable[[int, int], int]) -> None:
+    """``fn(layers, window)``: how many positions (itself included) a token's output can depend on after
+    ``layers`` layers of sliding-window attention, each attending to the ``window`` latest positions."""
+    cases = [((L, w), L * (w - 1) + 1, "each layer reaches w - 1 positions further back (the window includes the "
+              "position itself), and the reaches add up")
+             for L, w in ((1, 4), (2, 4), (3, 3), (32, 4096), (4, 1))]
+
+    def diagnose(args, expected, got):
+        L, w = args
+        if math.isclose(got, L * w):
+            return ("the window counts the position itself: one layer reaches w - 1 positions back, so L layers "
+                    "reach L (w - 1), plus the position itself")
+        if math.isclose(got, w):
+            return "the second layer attends to positions that already saw w - 1 positions before them"
+        return None
+
+    check_cases("receptive_field", fn, cases, rel=0, diagnose=diagnose)
