@@ -81,6 +81,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and k {kd.shape} "
                          f"cannot be broadcast") from None
     if is_causal:
+        # a window masks scores, it does not skip them: the cost charged below stays that of dense attention
         np.copyto(s, -np.inf, where=_future(tq, tk) if window is None or window >= tq else
                   _outside_window(tq, tk, window))
     if attn_mask is not None:
