@@ -4,6 +4,10 @@ The forward keeps the attention probabilities P; the backward is four matrix pro
 softmax backward: ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - rowsum(dP * P))``,
 ``dQ = dS K * scale``, ``dK = dS^T Q * scale``. The row sums need no pass over the scores:
 ``rowsum(dP * P) = rowsum(dO * O)`` (FlashAttention's trick), since ``O = P V``.
+
+Sliding-window attention (``window=w``, Jiang et al. 2023, Mistral 7B) is the causal mask with the
+distant past masked too. The backward needs nothing new: a masked score has probability 0, so the
+formulas above give it no gradient whatever the mask.
 """
 
 from __future__ import annotations
@@ -28,16 +32,42 @@ def _future(tq: int, tk: int) -> np.ndarray:
     return m
 
 
+@functools.lru_cache(maxsize=64)
+def _outside_window(tq: int, tk: int, window: int) -> np.ndarray:
+    """The sliding-window mask, top-left aligned: True where key j > query i or j <= i - window."""
+    m = np.triu(np.ones((tq, tk), dtype=bool), k=1) | np.tril(np.ones((tq, tk), dtype=bool), k=-window)
+    m.flags.writeable = False
+    return m
+
+
+def check_window(window: Any, who: str) -> int | None:
+    """``window`` as an int >= 1, or None (full causal attention); ``who`` names the caller in the error."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"{who}: window must be None or an int >= 1 (keys per query, itself included), "
+                         f"got {window!r}")
+    return int(window)
+
+
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-                                 attn_mask: Any = None, scale: float | None = None) -> Tensor:
+                                 attn_mask: Any = None, scale: float | None = None, window: int | None = None
+                                 ) -> Tensor:
     """softmax(q k^T * scale + mask) v for (..., T, d) inputs, as one node.
 
     ``is_causal`` uses the top-left convention (like torch): query i sees keys j <= i, whatever
-    Tq and Tk are. ``attn_mask``: boolean (True = may attend) or additive float, broadcast to
-    (..., Tq, Tk); it is not differentiated. A query that may attend to nothing gets NaN.
+    Tq and Tk are. ``window=w`` (with ``is_causal``) is sliding-window attention, Mistral's
+    convention: query i sees the w keys i - w < j <= i, itself included, so ``window=1`` attends
+    to itself only and ``window >= Tq`` is plain causal attention (Jiang et al. 2023, Mistral 7B).
+    ``attn_mask``: boolean (True = may attend) or additive float, broadcast to (..., Tq, Tk); it is
+    not differentiated. A query that may attend to nothing gets NaN.
     Batch dimensions broadcast (e.g. k, v of shape (B, 1, T, d) shared by all heads).
     """
     same_float("scaled_dot_product_attention", q, k, v)
+    window = check_window(window, "scaled_dot_product_attention")
+    if window is not None and not is_causal:
+        raise ValueError("scaled_dot_product_attention: window needs is_causal=True (a sliding window looks back "
+                         "from each query)")
     qd, kd, vd = q.data, k.data, v.data
     if qd.ndim < 2 or kd.ndim < 2 or vd.ndim < 2 or qd.shape[-1] != kd.shape[-1] or kd.shape[-2] != vd.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: q {qd.shape}, k {kd.shape}, v {vd.shape} need "
@@ -51,7 +81,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and k {kd.shape} "
                          f"cannot be broadcast") from None
     if is_causal:
-        np.copyto(s, -np.inf, where=_future(tq, tk))
+        # a window masks scores, it does not skip them: the cost charged below stays that of dense attention
+        np.copyto(s, -np.inf, where=_future(tq, tk) if window is None or window >= tq else
+                  _outside_window(tq, tk, window))
     if attn_mask is not None:
         am = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
         if am.dtype == np.bool_:

@@ -135,6 +135,10 @@ def check_supported(model, parallel) -> None:
         missing.append("a GPT other than GELU + layer norm + biases + untied embeddings")
     if model.n_kv_heads != model.n_heads:
         missing.append("grouped-query attention")
+    if getattr(model, "window", None) is not None:
+        missing.append("sliding-window attention")
+    if getattr(model, "kv_latent", None) is not None:
+        missing.append("latent attention (kv_latent)")
     if missing:
         raise ValueError("predict_train: not modelled yet: " + ", ".join(missing))
 

@@ -5,6 +5,11 @@ so every rank that builds it gets the same bytes and can keep only its shard. We
 GPT-2: normal(0, 0.02), with the two matrices that write into the residual stream (attention's
 ``wo`` and the MLP's output) scaled by 1/sqrt(2 n_layers) so the residual variance does not grow
 with depth.
+
+Attention is chosen by the config (book ch. 31a): ``n_kv_heads`` groups the key/value heads (GQA,
+MQA), ``kv_latent`` reads keys and values out of a small per-token latent (MLA,
+``latent_attention.py``) and ``window`` limits each query to its last ``window`` keys (sliding-window
+attention). ``GPT.generate(cache=True)`` decodes with a ``KVCache`` holding what each of them keeps.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import numpy as np
 
 from minidist.autograd import functional as F
 from minidist.autograd import no_grad
+from minidist.autograd.attention import check_window
 from minidist.nn.attention import CausalSelfAttention
+from minidist.nn.kv_cache import KVCache
+from minidist.nn.latent_attention import LatentSelfAttention
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module, ModuleList
@@ -30,7 +38,12 @@ _NORMS = ("layernorm", "rmsnorm")
 class GPTConfig:
     """The shape of a GPT. ``n_kv_heads`` defaults to ``n_heads`` (plain multi-head attention);
     ``d_ff`` defaults to 4 d_model for GELU and to 8/3 d_model rounded up to a multiple of 8 for
-    SwiGLU (about the same parameter count)."""
+    SwiGLU (about the same parameter count).
+
+    ``window``: None is full causal attention; w lets query i attend to the w keys i - w < j <= i,
+    itself included (sliding-window attention, Mistral's convention). ``kv_latent``: None is ordinary
+    multi-head/grouped-query attention; c makes every layer multi-head latent attention with a
+    c-number key/value latent per token (DeepSeek-V2), which needs ``n_kv_heads == n_heads``."""
 
     vocab_size: int
     seq_len: int
@@ -54,6 +67,9 @@ class GPTConfig:
     z_loss_coef: float = 0.001
     moe_balance: str = "aux_loss"  # or "bias": DeepSeek-V3's auxiliary-loss-free routing biases (set aux_loss_coef=0)
     bias_update: float = 1e-3  # with moe_balance="bias": how far each bias moves per step
+    # attention architecture (chapter 31a)
+    window: int | None = None
+    kv_latent: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
@@ -83,6 +99,14 @@ class GPTConfig:
                              f"n_experts={self.n_experts}, top_k={self.top_k}")
         if self.moe_balance not in BALANCE:
             raise ValueError(f"GPTConfig: moe_balance must be one of {BALANCE}, got {self.moe_balance!r}")
+        self.window = check_window(self.window, "GPTConfig")
+        if self.kv_latent is not None:
+            if isinstance(self.kv_latent, bool) or not isinstance(self.kv_latent, (int, np.integer)) \
+                    or self.kv_latent < 1:
+                raise ValueError(f"GPTConfig: kv_latent must be None or an int >= 1, got {self.kv_latent!r}")
+            if self.n_kv_heads != self.n_heads:
+                raise ValueError(f"GPTConfig: kv_latent gives every query head its own key and value head; "
+                                 f"n_kv_heads ({self.n_kv_heads}) must equal n_heads ({self.n_heads})")
         if np.dtype(self.dtype).kind != "f":
             raise ValueError(f"GPTConfig: dtype must be a floating-point type, got {self.dtype!r}")
 
@@ -108,6 +132,15 @@ def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: f
                dtype=config.dtype)
 
 
+def make_attention(config: GPTConfig, rng: np.random.Generator, std: float, out_std: float) -> Module:
+    """The attention module of one block: latent attention when kv_latent is set, else grouped-query."""
+    if config.kv_latent is not None:
+        return LatentSelfAttention(config.d_model, config.n_heads, config.kv_latent, config.bias, rng=rng,
+                                   init_std=std, out_std=out_std, dtype=config.dtype, window=config.window)
+    return CausalSelfAttention(config.d_model, config.n_heads, config.n_kv_heads, config.bias, rng=rng,
+                               init_std=std, out_std=out_std, dtype=config.dtype, window=config.window)
+
+
 class Block(Module):
     """Pre-norm residual block: ``x + drop(attn(ln1(x)))``, then ``x + drop(mlp(ln2(x)))``."""
 
@@ -116,14 +149,15 @@ class Block(Module):
         super().__init__()
         out_std = std / math.sqrt(2 * config.n_layers)
         self.ln1 = make_norm(config)
-        self.attn = CausalSelfAttention(config.d_model, config.n_heads, config.n_kv_heads, config.bias,
-                                        rng=rng, init_std=std, out_std=out_std, dtype=config.dtype)
+        self.attn = make_attention(config, rng, std, out_std)
         self.ln2 = make_norm(config)
         self.mlp = make_ffn(config, rng, std, out_std)
         self.drop = Dropout(config.dropout, dropout_rng)
 
-    def forward(self, x):
-        x = x + self.drop(self.attn(self.ln1(x)))
+    def forward(self, x, cache=None):
+        """``cache``: this layer's ``LayerCache`` when decoding (only the attention reads it)."""
+        h = self.ln1(x)
+        x = x + self.drop(self.attn(h) if cache is None else self.attn(h, cache=cache))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -163,17 +197,28 @@ class GPT(Module):
         versions of the model (a vocabulary-parallel head) override this and nothing else."""
         return F.cross_entropy(logits, targets)
 
-    def forward(self, idx, targets=None):
-        """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss)``; loss is None without targets."""
+    def forward(self, idx, targets=None, cache: KVCache | None = None):
+        """``idx`` (B, T) token ids -> ``(logits (B, T, vocab), loss)``; loss is None without targets.
+
+        ``cache`` (a ``KVCache``, under no_grad): ``idx`` continues the tokens already cached, at
+        positions ``cache.position`` onwards, and their keys and values join the cache."""
         idx = np.asarray(getattr(idx, "data", idx))
         if idx.ndim != 2:
             raise ValueError(f"GPT: idx must be (batch, time), got shape {idx.shape}")
         B, T = idx.shape
-        if T > self.config.seq_len:
-            raise ValueError(f"GPT: sequence length {T} exceeds config.seq_len={self.config.seq_len}")
-        x = self.drop(self.wte(idx) + self.wpe(np.arange(T)))
-        for block in self.blocks:
-            x = block(x)
+        start = 0 if cache is None else cache.position
+        if start + T > self.config.seq_len:
+            where = f"sequence length {T}" if cache is None else f"{T} token(s) after {start} cached"
+            raise ValueError(f"GPT: {where} exceeds config.seq_len={self.config.seq_len}")
+        x = self.drop(self.wte(idx) + self.wpe(np.arange(start, start + T)))
+        if cache is None:
+            for block in self.blocks:
+                x = block(x)
+        else:
+            if len(cache.layers) != len(self.blocks):
+                raise ValueError(f"GPT: a KVCache of {len(cache.layers)} layers for a model of {len(self.blocks)}")
+            for block, layer in zip(self.blocks, cache.layers):
+                x = block(x, cache=layer)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
@@ -186,18 +231,30 @@ class GPT(Module):
         return logits, loss
 
     def generate(self, idx, n: int, temperature: float = 1.0, rng: np.random.Generator | int | None = None,
-                 top_k: int | None = None) -> np.ndarray:
-        """Append ``n`` sampled tokens to each row of ``idx`` (B, T); temperature 0 picks the argmax."""
+                 top_k: int | None = None, cache: bool = False) -> np.ndarray:
+        """Append ``n`` sampled tokens to each row of ``idx`` (B, T); temperature 0 picks the argmax.
+
+        Without a cache every step runs the whole (last ``seq_len`` tokens of the) text again. With
+        ``cache=True`` the prompt runs once and each step runs only the new token against a
+        ``KVCache``: the same tokens, but the text must fit in ``seq_len`` (the positions are learned).
+        """
         idx = np.array(getattr(idx, "data", idx), dtype=np.int64)
         if idx.ndim == 1:
             idx = idx[None]
         rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        if cache and idx.shape[1] + n - 1 > self.config.seq_len:
+            raise ValueError(f"GPT.generate: with cache=True the prompt ({idx.shape[1]} tokens) and the {n} new "
+                             f"ones must fit in config.seq_len={self.config.seq_len}")
+        kv = KVCache(self.config) if cache else None
         was_training = self.training
         self.eval()
         try:
             with no_grad():
                 for _ in range(n):
-                    logits, _ = self(idx[:, -self.config.seq_len:])
+                    if kv is None:
+                        logits, _ = self(idx[:, -self.config.seq_len:])
+                    else:  # the prompt on the first step, then the token just chosen
+                        logits, _ = self(idx[:, kv.position:], cache=kv)
                     last = np.asarray(logits.data[:, -1, :], dtype=np.float64)
                     if temperature == 0:
                         nxt = last.argmax(-1)

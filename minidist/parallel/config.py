@@ -35,6 +35,11 @@ strategies were not built to meet (``refusals.py`` holds every check):
 * shapes that do not split: heads, hidden sizes or vocabulary over ``tp``, the sequence over ``cp``
   (and over ``tp`` with sequence parallelism), Ulysses' ``n_heads / tp`` query heads over ``cp``,
   experts over ``ep``, layers over ``pp x virtual_stages``, the batch over the ranks and micro-batches.
+
+Two attention variants of chapter 31a are the exception, refused because the parallel code does not
+implement them (rather than compute something else): sliding-window attention (``GPTConfig.window``)
+with ``cp > 1``, since ring and Ulysses attention apply the full causal mask only, and latent attention
+(``GPTConfig.kv_latent``) with tensor or sequence parallelism, which splits wq, wk, wv by heads.
 """
 
 from __future__ import annotations

@@ -240,6 +240,10 @@ def context_parallelize(model, cp: CPGroup, method: str = "ring"):
     """
     if method not in METHODS:
         raise ValueError(f"context_parallelize: method must be one of {METHODS}, got {method!r}")
+    window = getattr(model.config, "window", None)
+    if window is not None:
+        raise ValueError(f"context_parallelize: the model uses sliding-window attention (window={window}); ring and "
+                         f"Ulysses attention implement the full causal mask only")
     for block in model.blocks:
         block.attn.core = attention_core(cp, method)
 

@@ -2,6 +2,8 @@
 
 Every reason is one of meaning: a layout that would compute something else than one device (another
 objective, masks or dropped tokens that depend on the layout), or a shape that does not split evenly.
+Two attention variants are refused because the parallel code does not implement them: a sliding
+window with context parallelism, latent attention with tensor parallelism.
 The list, in words, is in ``ParallelConfig``'s docstring; ``tests/test_compose.py`` shows that every
 other combination of the strategies trains exactly like one device.
 """
@@ -30,6 +32,7 @@ def check_layout(cfg, pc: ParallelConfig, global_batch: int) -> None:
                          f"got {cfg.dropout}")
     if pc.tp > 1 or pc.sequence_parallel:
         check_divisible(cfg, pc.tp, pc.sequence_parallel)
+    _attention(cfg, pc)
     if pc.cp > 1 or pc.ep > 1 or cfg.n_experts:
         _tokens(cfg, pc)
         if global_batch < pc.dp * pc.ep * pc.microbatches:
@@ -51,6 +54,19 @@ def build_schedule(config, n_layers: int):
 
 def _pipeline(cfg, pc) -> None:
     build_schedule(pc, cfg.n_layers)
+
+
+def _attention(cfg, pc) -> None:
+    """Attention variants the parallel attention code does not implement (book ch. 31a)."""
+    if getattr(cfg, "window", None) is not None and pc.cp > 1:
+        # the cores context parallelism installs would silently drop the window
+        raise ValueError(f"parallel.train: sliding-window attention (window={cfg.window}) does not compose with "
+                         f"cp={pc.cp}: ring and Ulysses attention implement the full causal mask only")
+    if getattr(cfg, "kv_latent", None) is not None and (pc.tp > 1 or pc.sequence_parallel):
+        raise ValueError(f"parallel.train: latent attention (kv_latent={cfg.kv_latent}) does not compose with "
+                         f"tensor parallelism (tp={pc.tp}, sequence_parallel={pc.sequence_parallel}): it splits "
+                         "wq, wk, wv by heads, and the latent's down-projection w_dkv, shared by every head, "
+                         "has no tensor-parallel version")
 
 
 def _tokens(cfg, pc) -> None:

@@ -145,6 +145,10 @@ def tensor_parallelize(model: GPT, tp: TPGroup) -> TensorParallelGPT:
     if getattr(model.config, "n_experts", 0) and tp.sequence_parallel:
         raise ValueError("tensor_parallelize: a mixture-of-experts layer on a sequence shard would route only its "
                          "shard's tokens (capacity and losses of another batch); use sequence_parallel=False")
+    if getattr(model.config, "kv_latent", None) is not None:
+        raise ValueError(f"tensor_parallelize: latent attention (kv_latent={model.config.kv_latent}) has no "
+                         "tensor-parallel version: heads are split as blocks of wq, wk, wv, and its shared "
+                         "down-projection w_dkv is none of them")
     check_divisible(model.config, tp.size, tp.sequence_parallel)
     sp = tp.sequence_parallel
     new = adopt(TensorParallelGPT, model, tp=tp)
