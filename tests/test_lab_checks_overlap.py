@@ -17,3 +17,11 @@ def test_collective_matmul_time_explains_the_usual_mistakes(capsys):
         md.labs.check_collective_matmul_time(lambda t, mm, msg: t * max(mm, msg))
     with pytest.raises(CheckFailed, match="not done yet"):
         md.labs.check_collective_matmul_time(lambda t, mm, msg: (_ for _ in ()).throw(NotImplementedError))
+
+
+def test_kv_numbers_per_token():
+    md.labs.check_kv_numbers_per_token(lambda h, g, d, c: c if c is not None else 2 * g * d)
+    with pytest.raises(CheckFailed, match="count n_kv_heads"):
+        md.labs.check_kv_numbers_per_token(lambda h, g, d, c: c if c is not None else 2 * h * d)
+    with pytest.raises(CheckFailed, match="only the latent"):
+        md.labs.check_kv_numbers_per_token(lambda h, g, d, c: 2 * g * d)

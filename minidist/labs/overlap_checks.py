@@ -29,3 +29,24 @@ def check_collective_matmul_time(fn: Callable[[int, float, float], float]) -> No
         return None
 
     check_cases("collective_matmul_time", fn, cases, rel=1e-12, diagnose=diagnose)
+
+
+def check_kv_numbers_per_token(fn: Callable[[int, int, int, int | None], int]) -> None:
+    """``fn(n_heads, n_kv_heads, head_dim, kv_latent)``: numbers one layer caches per token: keys and values of
+    the key-value heads, or the latent alone when ``kv_latent`` is not None."""
+    cases = [((h, g, d, c), (c if c is not None else 2 * g * d),
+              "a key and a value per key-value head; latent attention keeps only its latent")
+             for h, g, d, c in ((8, 8, 16, None), (8, 2, 16, None), (8, 1, 16, None), (8, 8, 16, 24),
+                                (32, 8, 128, None))]
+
+    def diagnose(args, expected, got):
+        h, g, d, c = args
+        if c is None and math.isclose(got, 2 * h * d):
+            return "grouped-query heads share keys and values: count n_kv_heads, not n_heads"
+        if c is None and math.isclose(got, g * d):
+            return "both the key and the value are cached"
+        if c is not None and math.isclose(got, 2 * g * d):
+            return "with a latent, the keys and values are rebuilt from it: only the latent is cached"
+        return None
+
+    check_cases("kv_numbers_per_token", fn, cases, rel=0, diagnose=diagnose)
