@@ -39,6 +39,7 @@ def _significant_digits(token: str) -> int:
 def suspicious_numbers(text: str, source: str = "") -> list[str]:
     """The numbers in ``text`` that look machine-dependent, each with the reason."""
     found = []
+    text = re.sub(r"arXiv:\d{4}\.\d{4,5}", "arXiv", text)  # a citation, not a measurement
     for m in NUMBER.finditer(text):
         token = m.group(0)
         if "." not in token and "e" not in token.lower():
