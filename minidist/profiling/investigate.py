@@ -145,9 +145,9 @@ def _investigate_failure(error: BaseException) -> Report:
         rep.causes.append(("failure", getattr(error, "rank", None), "not a hang: read the error and its traceback"))
         rep.fixes = ["fix the error the traceback names, then restart from the last checkpoint"]
         return rep
-    waiting = sorted(r for r, s in states.items() if s == "waiting")
-    rep.where = (f"ranks {waiting} wait in communication calls until the timeout "
-                 f"({str(exc).split(';')[0].split(' in ', 1)[-1][:120]})")
+    # a rank that failed meanwhile most likely timed out in its own wait, a moment after this one
+    waiting = sorted(r for r, s in states.items() if s in ("waiting", "failed"))
+    rep.where = f"ranks {waiting} wait in communication calls until the timeout ({type(exc).__name__})"
     for kind, label in (("running", "hung rank"), ("stopped", "stopped rank")):
         for r in sorted(r for r, s in states.items() if s == kind):
             rep.causes.append((label, r, f"{kind} {'its own code' if kind == 'running' else ''}".rstrip()
