@@ -49,34 +49,37 @@ def _neighbours(tp) -> tuple[int, int]:
     return dist.get_global_rank(tp.group, nxt), dist.get_global_rank(tp.group, prev)
 
 
-def start_all_gather(a: np.ndarray, tp, axis: int):
-    """Begin gathering ``a`` along ``axis`` in the background; ``finish()`` waits and returns it."""
+def _start(a: np.ndarray, tp, axis: int, gather: bool):
+    """Begin an all-gather (``gather``) or a reduce-scatter of ``a`` along ``axis`` in the background;
+    ``finish()`` waits and returns the result with the axis back in place."""
+    if not gather and a.shape[axis] % tp.size:
+        raise ValueError(f"tensor-parallel overlap: dimension {axis} of shape {a.shape} (the sequence) is not "
+                         f"divisible by tp={tp.size}")
     src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
-    out = np.empty((tp.size * src.shape[0],) + src.shape[1:], dtype=a.dtype)
-    work = dist.all_gather_into_tensor(out, src, group=tp.group, async_op=True,
-                                       algorithm=offered("all_gather", tp.algorithm))
+    rows = src.shape[0] * tp.size if gather else src.shape[0] // tp.size
+    out = np.empty((rows,) + src.shape[1:], dtype=a.dtype)
+    if gather:
+        work = dist.all_gather_into_tensor(out, src, group=tp.group, async_op=True,
+                                           algorithm=offered("all_gather", tp.algorithm))
+    else:
+        work = dist.reduce_scatter_tensor(out, src, group=tp.group, async_op=True,
+                                          algorithm=offered("reduce_scatter", tp.algorithm))
 
     def finish() -> np.ndarray:
         work.wait()
         return np.ascontiguousarray(np.moveaxis(out, 0, axis))
     return finish
+
+
+def start_all_gather(a: np.ndarray, tp, axis: int):
+    """Begin gathering ``a`` along ``axis`` in the background; ``finish()`` waits and returns it."""
+    return _start(a, tp, axis, gather=True)
 
 
 def start_reduce_scatter(a: np.ndarray, tp, axis: int):
     """Begin reduce-scattering ``a`` along ``axis`` in the background; ``finish()`` waits and returns
     this rank's block of the sum."""
-    if a.shape[axis] % tp.size:
-        raise ValueError(f"tensor-parallel overlap: dimension {axis} of shape {a.shape} (the sequence) is not "
-                         f"divisible by tp={tp.size}")
-    src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
-    out = np.empty((src.shape[0] // tp.size,) + src.shape[1:], dtype=a.dtype)
-    work = dist.reduce_scatter_tensor(out, src, group=tp.group, async_op=True,
-                                      algorithm=offered("reduce_scatter", tp.algorithm))
-
-    def finish() -> np.ndarray:
-        work.wait()
-        return np.ascontiguousarray(np.moveaxis(out, 0, axis))
-    return finish
+    return _start(a, tp, axis, gather=False)
 
 
 def all_gather_matmul(x: np.ndarray, ws: list[np.ndarray], tp, axis: int = 1) -> tuple[np.ndarray, list]:
