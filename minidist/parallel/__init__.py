@@ -62,6 +62,7 @@ from minidist.parallel import compression
 from minidist.parallel.async_sgd import Logistic, train_async, train_sync
 from minidist.parallel.compression import DGC, QSGD, PowerSGD, Quantize, TernGrad, TopK
 from minidist.parallel.local_sgd import DiLoCo, LocalSGD, evaluate, train_local
+from minidist.parallel.onebit_adam import OneBitAdam, train_onebit_adam
 
 __all__ = ["FlatUnit", "ParallelConfig", "Parallelized", "TrainResult", "build_mesh", "graph_bytes", "parallelize",
            "split_sizes", "state_bytes_per_param", "train"]
@@ -73,4 +74,4 @@ __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "
             "partition", "pipeline", "schedules", "simulate"]
 __all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]
 __all__ += ["compression", "DGC", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
-            "train_local", "Logistic", "train_async", "train_sync"]
+            "train_local", "Logistic", "train_async", "train_sync", "OneBitAdam", "train_onebit_adam"]
