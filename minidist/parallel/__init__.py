@@ -61,6 +61,7 @@ from minidist.parallel.checkpoint_sweep import checkpoint_cost, fitted_optimum, 
 from minidist.parallel import compression
 from minidist.parallel.async_sgd import Logistic, train_async, train_sync
 from minidist.parallel.compression import DGC, QSGD, PowerSGD, Quantize, TernGrad, TopK
+from minidist.parallel.hogwild import SparseLogistic, train_hogwild
 from minidist.parallel.local_sgd import DiLoCo, LocalSGD, evaluate, train_local
 from minidist.parallel.onebit_adam import OneBitAdam, train_onebit_adam
 
@@ -74,4 +75,5 @@ __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "
             "partition", "pipeline", "schedules", "simulate"]
 __all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]
 __all__ += ["compression", "DGC", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
-            "train_local", "Logistic", "train_async", "train_sync", "OneBitAdam", "train_onebit_adam"]
+            "train_local", "Logistic", "train_async", "train_sync", "OneBitAdam", "train_onebit_adam",
+            "SparseLogistic", "train_hogwild"]
