@@ -158,7 +158,7 @@ def test_action_text_round_trip_and_bad_arguments():
     with pytest.raises(ValueError, match="cannot read"):
         Action.parse("X3")
     with pytest.raises(ValueError, match="must be one of"):
-        make_schedule("dualpipe", 2, 4)
+        make_schedule("chimera", 2, 4)
     with pytest.raises(ValueError, match="multiple of stages"):
         make_schedule("interleaved", 4, 6, 2)
     with pytest.raises(ValueError, match="virtual=2 needs schedule='interleaved'"):

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from minidist.collectives import known_algorithms
 
 OFFLOAD = (None, "optimizer", "optimizer+params")
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1", "dualpipev", "dualpipe")
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
     if pc.pp > 1:
         executor = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout,
                                     ledger=ledger, recompute_every=pc.recompute_every,
-                                    recompute_layers=pc.recompute_layers)
+                                    recompute_layers=pc.recompute_layers, placement=schedule.placement)
     acts = executor.acts if executor is not None else ActivationLedger(ledger)
     if pc.recompute == "selective":  # 5. (segments are checkpointed by the runner or the pipeline's chunks)
         for block in model.blocks:
@@ -146,7 +146,8 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         host.setup(reducer.pieces())
     batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
     if executor is not None:
-        ends = pipeline_ends(mesh) if model.config.tie_embeddings else None
+        # tied embeddings: the first and last stages both use the matrix; on the V placement both are rank 0's
+        ends = pipeline_ends(mesh) if model.config.tie_embeddings and schedule.placement == "loop" else None
         engine = PipelineEngine(executor, schedule, reducer, ends, pc.algorithm)
         return Parallelized(model, reducer, engine, batch, host, acts, tp_axes,
                             {"layout": layout, "stage": mesh.get_local_rank("pp")})

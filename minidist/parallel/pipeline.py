@@ -40,7 +40,7 @@ from minidist.parallel.memory import ActivationLedger, graph_bytes
 from minidist.parallel.pipeline_chunk import Chunk
 from minidist.parallel.pipeline_stages import stage_layout
 from minidist.parallel.runner import Hooks
-from minidist.parallel.schedules import Action, Schedule
+from minidist.parallel.schedules import PLACEMENTS, Action, Schedule, rank_of, virtual_stage
 from minidist.parallel.split_backward import WeightGradStore
 from minidist.runtime import launch
 from minidist.runtime.context import current
@@ -70,7 +70,7 @@ class PipelineExecutor:
 
     def __init__(self, model, ranks: Sequence[int], stage: int, layout: Sequence[tuple[int, int]],
                  unit_costs: dict | None = None, ledger=None, recompute_every: int | None = None,
-                 hooks: Hooks | None = None, recompute_layers: int | None = None) -> None:
+                 hooks: Hooks | None = None, recompute_layers: int | None = None, placement: str = "loop") -> None:
         p = len(ranks)
         if len(layout) % p:
             raise ValueError(f"PipelineExecutor: {len(layout)} virtual stages do not divide among {p} ranks")
@@ -80,13 +80,18 @@ class PipelineExecutor:
         self.model, self.ranks, self.stage, self.p = model, list(ranks), stage, p
         self.v = len(layout) // p
         self.nvs = len(layout)
+        if placement not in PLACEMENTS or (placement == "v" and self.v != 2):
+            raise ValueError(f"PipelineExecutor: placement must be one of {PLACEMENTS} ('v' with 2 chunks per rank), "
+                             f"got {placement!r} with {self.v} chunks")
+        self.placement = placement
         # the segments a recomputing chunk rebuilds in the backward are booked while they live
         self.acts = ActivationLedger(ledger) if ledger is not None else None
         self.hooks = hooks or Hooks()
-        self.chunks = [Chunk(model, *layout[c * p + stage], first=c * p + stage == 0,
-                             last=c * p + stage == self.nvs - 1, recompute_every=recompute_every, acts=self.acts,
-                             hooks=self.hooks, recompute_layers=recompute_layers)
-                       for c in range(self.v)]
+        mine = [virtual_stage(placement, p, stage, c) for c in range(self.v)]
+        self.chunks = [Chunk(model, *layout[vs], first=vs == 0, last=vs == self.nvs - 1,
+                             recompute_every=recompute_every, acts=self.acts, hooks=self.hooks,
+                             recompute_layers=recompute_layers)
+                       for vs in mine]
         self.unit_costs, self.ledger = unit_costs, ledger
         tp = getattr(model, "tp", None)  # a tensor-parallel GPT: with sequence parallelism stages pass T/t shards
         self.seq_shards = tp.size if tp is not None and tp.sequence_parallel else 1
@@ -122,7 +127,9 @@ class PipelineExecutor:
         return TAG_BASE + 2 * (mb * self.nvs + vs) + kind
 
     def _neighbour(self, vs: int) -> tuple[int, int]:
-        return self.ranks[(vs - 1) % self.p], self.ranks[(vs + 1) % self.p]
+        """Global ranks holding virtual stages vs - 1 and vs + 1 (wrapping round harmlessly at the ends)."""
+        return (self.ranks[rank_of(self.placement, self.p, (vs - 1) % self.nvs)],
+                self.ranks[rank_of(self.placement, self.p, (vs + 1) % self.nvs)])
 
     # -- one step ------------------------------------------------------------------------------
     def run(self, schedule: Schedule, idx: Sequence[np.ndarray], targets: Sequence[np.ndarray],
@@ -130,9 +137,10 @@ class PipelineExecutor:
         """Run this rank's actions of ``schedule`` on micro-batches ``idx[i]``/``targets[i]`` whose losses
         are scaled by ``weights[i]``; gradients accumulate into the parameters' ``.grad``. Returns the
         sum of the weighted losses computed here (non-zero on the last stage only)."""
-        if schedule.stages != self.p or schedule.virtual != self.v:
-            raise ValueError(f"PipelineExecutor.run: schedule is for p={schedule.stages}, v={schedule.virtual}; "
-                             f"this pipeline has p={self.p}, v={self.v}")
+        if schedule.stages != self.p or schedule.virtual != self.v or schedule.placement != self.placement:
+            raise ValueError(f"PipelineExecutor.run: schedule is for p={schedule.stages}, v={schedule.virtual}, "
+                             f"placement {schedule.placement!r}; this pipeline has p={self.p}, v={self.v}, placement "
+                             f"{self.placement!r}")
         m = schedule.microbatches
         if not len(idx) == len(targets) == len(weights) == m:
             raise ValueError(f"PipelineExecutor.run: {m} micro-batches in the schedule but {len(idx)} inputs, "
@@ -143,7 +151,7 @@ class PipelineExecutor:
         losses = 0.0
         for a in schedule.actions[self.stage]:
             key = (a.mb, a.chunk)
-            vs = a.chunk * self.p + self.stage
+            vs = virtual_stage(self.placement, self.p, self.stage, a.chunk)
             ch = self.chunks[a.chunk]
             prev_r, next_r = self._neighbour(vs)
             B, T = idx[a.mb].shape
@@ -262,7 +270,7 @@ def measure_schedule(schedule: Schedule, config=None, unit_costs: dict | None = 
 
     def rank():
         ex = PipelineExecutor(GPT(cfg, seed=seed), list(range(p)), dist.get_rank(), layout, unit_costs=unit_costs,
-                              ledger=dist.memory())
+                              ledger=dist.memory(), placement=schedule.placement)
         return ex.run(schedule, xs, ys, [1 / m] * m)
 
     return launch(rank, world_size=p, cluster=cluster or Cluster.uniform(alpha=0.0, beta=float("inf")))

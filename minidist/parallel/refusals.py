@@ -46,10 +46,11 @@ def build_schedule(config, n_layers: int):
     name = ALIASES.get(config.schedule, config.schedule)
     if v > 1 and name != "interleaved":
         raise ValueError(f"parallel.train: virtual_stages={v} needs schedule='interleaved', got {config.schedule!r}")
-    if n_layers < config.pp * v:
-        raise ValueError(f"parallel.train: pp={config.pp} x virtual_stages={v} stages need at least that many "
-                         f"layers, the model has n_layers={n_layers}")
-    return check_schedule(make_schedule(name, config.pp, config.microbatches, v))
+    schedule = make_schedule(name, config.pp, config.microbatches, v)
+    if n_layers < config.pp * schedule.virtual:
+        raise ValueError(f"parallel.train: pp={config.pp} x {schedule.virtual} chunks per rank ({schedule.name}) "
+                         f"need at least that many layers, the model has n_layers={n_layers}")
+    return check_schedule(schedule)
 
 
 def _pipeline(cfg, pc) -> None:

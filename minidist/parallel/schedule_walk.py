@@ -72,8 +72,9 @@ def _walk(s: Schedule, costs: dict | None = None, comm: float = 0.0):
     def step(r: int) -> bool:
         """Run rank r's next action if it can; False if it must wait for a message."""
         a = acts[r][pos[r]]
-        vs = a.chunk * p + r
-        prev_r, next_r = (vs - 1) % p, (vs + 1) % p
+        vs = s.virtual_stage(r, a.chunk)
+        prev_r = s.rank_of(vs - 1) if vs > 0 else None
+        next_r = s.rank_of(vs + 1) if vs < nvs - 1 else None
         need: list[float] = []  # times the inputs are ready
         if a.op == "F":
             if vs == 0:
@@ -160,8 +161,8 @@ def _walk(s: Schedule, costs: dict | None = None, comm: float = 0.0):
             for r in range(p):
                 if pos[r] < len(acts[r]):
                     a = acts[r][pos[r]]
-                    vs = a.chunk * p + r
-                    src = (vs - 1) % p if a.op == "RECV_F" else (vs + 1) % p
+                    vs = s.virtual_stage(r, a.chunk)
+                    src = s.rank_of(vs - 1) if a.op == "RECV_F" else s.rank_of(vs + 1)
                     what = "activation" if a.op == "RECV_F" else "gradient"
                     stuck.append(f"stage {r} waits at action {pos[r]} ({a}) for the {what} of micro-batch {a.mb} "
                                  f"from stage {src}")

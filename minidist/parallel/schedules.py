@@ -12,7 +12,11 @@ messages ``SEND_F``/``RECV_F`` (an activation) and ``SEND_B``/``RECV_B`` (a grad
 asynchronous (buffered) and receives block, as with ``isend`` and ``recv``.
 
 With ``v`` virtual stages per rank (interleaved 1F1B), rank r holds chunks c = 0..v-1, and chunk c
-is virtual stage ``c p + r`` of the ``p v`` stages the layers are cut into (Megatron-LM's layout).
+is virtual stage ``c p + r`` of the ``p v`` stages the layers are cut into (Megatron-LM's layout, the
+``"loop"`` placement). DualPipeV uses the ``"v"`` placement: two chunks per rank, rank r holding virtual
+stages r and 2p - 1 - r, so a micro-batch goes down the ranks and comes back up, and the first and last
+pieces (embedding, head and loss) share rank 0. :func:`virtual_stage` and :func:`rank_of` are the only
+places that know either map.
 
 Whether a schedule runs, and how long it takes, is ``schedule_walk.py``'s (:func:`check_schedule`,
 :func:`simulate`).
@@ -30,8 +34,23 @@ from typing import NamedTuple
 COMPUTE = ("F", "B", "I", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 OPS = COMPUTE + COMM
-NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-ALIASES = {"zero_bubble": "zb-h1", "zbh1": "zb-h1", "interleaved_1f1b": "interleaved"}
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev")
+ALIASES = {"zero_bubble": "zb-h1", "zbh1": "zb-h1", "interleaved_1f1b": "interleaved", "dualpipe": "dualpipev"}
+PLACEMENTS = ("loop", "v")
+
+
+def virtual_stage(placement: str, p: int, rank: int, chunk: int) -> int:
+    """The virtual stage that ``rank``'s ``chunk`` holds, out of ``p v``."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * p - 1 - rank
+    return chunk * p + rank
+
+
+def rank_of(placement: str, p: int, vs: int) -> int:
+    """The rank that holds virtual stage ``vs``."""
+    if placement == "v":
+        return vs if vs < p else 2 * p - 1 - vs
+    return vs % p
 
 
 class ScheduleError(ValueError):
@@ -67,16 +86,17 @@ class Schedule:
     microbatches: int
     virtual: int
     actions: list[list[Action]]
+    placement: str = "loop"
 
     @property
     def n_virtual(self) -> int:
         return self.stages * self.virtual
 
     def rank_of(self, vs: int) -> int:
-        return vs % self.stages
+        return rank_of(self.placement, self.stages, vs)
 
     def virtual_stage(self, rank: int, chunk: int) -> int:
-        return chunk * self.stages + rank
+        return virtual_stage(self.placement, self.stages, rank, chunk)
 
     def compute(self, rank: int) -> list[Action]:
         """Rank ``rank``'s compute actions only (no messages)."""
@@ -90,7 +110,8 @@ class Schedule:
 
 
 # -- the dependencies --------------------------------------------------------------------------
-def with_communication(compute: list[list[Action]], stages: int, virtual: int = 1) -> list[list[Action]]:
+def with_communication(compute: list[list[Action]], stages: int, virtual: int = 1,
+                       placement: str = "loop") -> list[list[Action]]:
     """Insert the messages into per-rank compute lists: a receive right before the action that needs
     a remote input, a send right after the action whose output another rank needs."""
     p, nvs = stages, stages * virtual
@@ -98,9 +119,9 @@ def with_communication(compute: list[list[Action]], stages: int, virtual: int = 
     for r, acts in enumerate(compute):
         seq = []
         for a in acts:
-            vs = a.chunk * p + r
-            remote_prev = vs > 0 and (vs - 1) % p != r
-            remote_next = vs < nvs - 1 and (vs + 1) % p != r
+            vs = virtual_stage(placement, p, r, a.chunk)
+            remote_prev = vs > 0 and rank_of(placement, p, vs - 1) != r
+            remote_next = vs < nvs - 1 and rank_of(placement, p, vs + 1) != r
             if a.op == "F":
                 before, after = [Action("RECV_F", *a[1:])] * remote_prev, [Action("SEND_F", *a[1:])] * remote_next
                 seq += before + [a] + after
@@ -204,13 +225,106 @@ def zb_h1(stages: int, microbatches: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, with_communication(comp, p))
 
 
+def dualpipev(stages: int, microbatches: int) -> Schedule:
+    """DualPipeV (DeepSeek-AI 2024's DualPipe, in the V-shaped form of Sea AI Lab 2025 that keeps one copy of the
+    weights): 2p virtual stages on the ``"v"`` placement, the backward split into I and W as in zero bubble.
+
+    The order is found by running the pipeline once with equal unit costs per chunk (F = I = W), every rank
+    taking, whenever it is free, the first ready action in this preference: an input gradient I (the critical
+    path); then a forward F, of chunk 1 always (it carries a micro-batch already under way), of chunk 0 (which
+    lets a new one in) only while at most ``2p`` chunks wait for their weight gradient on this rank (1F1B's bound
+    of p stages of activations, in half-stage chunks, plus one chunk); then a weight gradient W, which fills the
+    holes; lower micro-batches first. Each rank's list is the order it ran in, so every dependency is met and,
+    with buffered sends, no timing can deadlock it.
+
+    With F = I = W the bubble is ``(p - 1) / (6 m + p - 1)``: each rank idles ``(p - 1) / 2`` stage-times against
+    zero bubble's ``p - 1`` (``(p - 1) / (3 m + p - 1)``), because the fill and the drain are made of half-stage
+    chunks and the V turns round on the last rank without a message. The activations held peak at most
+    ``(p + 1) / p`` times 1F1B's, the bound DeepSeek-V3 reports for DualPipe (``tests/test_dualpipe.py`` measures
+    both). ``microbatches`` must be at least ``2 p``, so that the two directions overlap in the steady state.
+    """
+    _args("dualpipev", stages, microbatches)
+    p, m = stages, microbatches
+    if m < 2 * p:
+        raise ValueError(f"dualpipev: microbatches ({m}) must be at least 2 x stages ({2 * p}), so that the "
+                         f"pipeline's two directions overlap")
+    nvs = 2 * p
+
+    def where(vs: int) -> tuple[int, int]:
+        return rank_of("v", p, vs), (0 if vs < p else 1)
+
+    done: dict[tuple[str, int, int], int] = {}  # (op, mb, vs) -> time it finished
+    busy = [0] * p  # time each rank is free
+    order: list[list[Action]] = [[] for _ in range(p)]
+    waiting = [0] * p  # chunks forwarded on this rank and not yet through their W
+    left = {(op, mb, vs) for op in "FIW" for mb in range(m) for vs in range(nvs)}
+
+    def ready(op: str, mb: int, vs: int, t: int) -> bool:
+        if (op, mb, vs) not in left:
+            return False
+        if op == "F":
+            return vs == 0 or done.get(("F", mb, vs - 1), t + 1) <= t
+        if op == "I":
+            if done.get(("F", mb, vs), t + 1) > t:
+                return False
+            return vs == nvs - 1 or done.get(("I", mb, vs + 1), t + 1) <= t
+        return done.get(("I", mb, vs), t + 1) <= t
+
+    t = 0
+    while left:
+        for r in range(p):
+            if busy[r] > t:
+                continue
+            mine = [r, nvs - 1 - r]  # this rank's virtual stages, chunk 0 and chunk 1
+            pick = None
+            for mb in range(m):
+                for vs in reversed(mine):
+                    if ready("I", mb, vs, t):
+                        pick = ("I", mb, vs)
+                        break
+                if pick:
+                    break
+            for vs in reversed(mine):  # a new micro-batch (chunk 0) only under the bound; chunk 1 always
+                if pick is not None or (vs == r and waiting[r] > 2 * p):
+                    continue
+                for mb in range(m):
+                    if ready("F", mb, vs, t):
+                        pick = ("F", mb, vs)
+                        break
+            if pick is None:
+                for mb in range(m):
+                    for vs in reversed(mine):
+                        if ready("W", mb, vs, t):
+                            pick = ("W", mb, vs)
+                            break
+                    if pick:
+                        break
+            if pick is None:
+                continue
+            op, mb, vs = pick
+            left.discard(pick)
+            done[pick] = t + 1
+            busy[r] = t + 1
+            waiting[r] += {"F": 1, "I": 0, "W": -1}[op]  # a chunk's memory is freed by its W (I keeps a stash)
+            order[r].append(Action(op, mb, where(vs)[1]))
+        t += 1
+        if t > 10 * nvs * m:  # cannot happen: every chain of dependencies ends in an action someone may take
+            raise ScheduleError(f"dualpipev: no order found for p={p}, m={m}")
+    return Schedule("dualpipev", p, m, 2, with_communication(order, p, 2, "v"), placement="v")
+
+
 def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
-    """The schedule ``name`` in {"gpipe", "1f1b", "interleaved", "zb-h1"} (alias "zero_bubble")."""
+    """The schedule ``name`` in {"gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev"} (aliases "zero_bubble",
+    "dualpipe"); ``virtual`` applies to "interleaved" (DualPipeV always has two chunks per rank)."""
     key = ALIASES.get(name, name)
     if key not in NAMES:
         raise ValueError(f"make_schedule: schedule must be one of {NAMES} (or {sorted(ALIASES)}), got {name!r}")
     if key == "interleaved":
         return interleaved(stages, microbatches, virtual)
+    if key == "dualpipev":
+        if virtual not in (1, 2):
+            raise ValueError(f"make_schedule: dualpipev has 2 chunks per rank; virtual={virtual} does not apply")
+        return dualpipev(stages, microbatches)
     if virtual != 1:
         raise ValueError(f"make_schedule: virtual={virtual} needs schedule='interleaved', got {name!r}")
     return {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1}[key](stages, microbatches)
