@@ -36,6 +36,7 @@ def test_the_bubble_is_half_of_zero_bubbles():
             b = {n: bubble_fraction(simulate(make_schedule(n, p, m))) for n in ("1f1b", "zb-h1", "dualpipev")}
             print(f"{p:2d} {m:3d} {b['1f1b']:6.3f} {b['zb-h1']:6.3f} {b['dualpipev']:9.3f}")
             assert b["dualpipev"] == pytest.approx((p - 1) / (6 * m + p - 1), rel=1e-12)
+            assert b["dualpipev"] == pytest.approx(md.estimate.pipeline_bubble(p, m, "dualpipev"), rel=1e-12)
             assert b["dualpipev"] < b["zb-h1"] < b["1f1b"]
 
 

@@ -25,3 +25,9 @@ def test_kv_numbers_per_token():
         md.labs.check_kv_numbers_per_token(lambda h, g, d, c: c if c is not None else 2 * h * d)
     with pytest.raises(CheckFailed, match="only the latent"):
         md.labs.check_kv_numbers_per_token(lambda h, g, d, c: 2 * g * d)
+
+
+def test_dualpipev_bubble():
+    md.labs.check_dualpipev_bubble(lambda p, m: (p - 1) / (6 * m + p - 1))
+    with pytest.raises(CheckFailed, match="zero bubble's"):
+        md.labs.check_dualpipev_bubble(lambda p, m: (p - 1) / (3 * m + p - 1))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from minidist.estimate._check import choice, count, nonnegative
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipe")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipe", "dualpipev")
 
 
 def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: int) -> float:
@@ -25,6 +25,8 @@ def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: in
         return (p - 1) / (3 * m)
     if schedule == "zb-h2":  # fills the bubble completely at (2p-1) micro-batches of activation memory
         return 0.0
+    if schedule == "dualpipev":  # md.parallel's V placement: the fill and the drain in half-stage chunks, so
+        return (p - 1) / (6 * m)  # half of ZB-H1's idle time (measured by tests/test_dualpipe.py)
     # dualpipe (DeepSeek-V3 report, Table 2): bubble (p/2 - 1)(F&B + B - 3W), with F&B the time of a forward
     # and a backward chunk run together (F + B: overlapping them hides communication, not compute), so with
     # F = I = W = 1 the bubble is 2 (p/2 - 1) = p - 2 over m (F + B) = 3m of work: less than ZB-H1's (p-1)/(3m)
@@ -38,7 +40,8 @@ def pipeline_bubble(stages: int, microbatches: int, schedule: str = "1f1b", virt
 
     relative_to="total" (default): bubble / (work + bubble), i.e. gpipe and 1f1b (p-1)/(m+p-1);
     interleaved with v virtual stages per device (p-1)/(m v + p-1); zb-h1 (p-1)/(3m + p-1);
-    zb-h2 0; dualpipe (p-2)/(3m + p-2) (DeepSeek-V3's (p/2 - 1)(F&B + B - 3W) with F = I = W).
+    zb-h2 0; dualpipe (p-2)/(3m + p-2) (DeepSeek-V3's (p/2 - 1)(F&B + B - 3W) with F = I = W); dualpipev
+    (md.parallel's V-shaped schedule) (p-1)/(6m + p-1).
     relative_to="ideal": bubble / work, i.e. (p-1)/m, (p-1)/(m v), (p-1)/(3m), 0, (p-2)/(3m).
     """
     fn = "pipeline_bubble"
@@ -71,6 +74,8 @@ def inflight_microbatches(stages: int, microbatches: int, schedule: str = "1f1b"
         return min(m, 2 * p - 1)
     if schedule == "dualpipe":
         return min(m, p + 1)
+    if schedule == "dualpipev":  # 2p + 1 half-stage chunks at most (md.parallel.schedules.dualpipev)
+        return min(m, p + 0.5)
     return min(p, m)
 
 

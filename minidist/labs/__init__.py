@@ -34,7 +34,11 @@ from minidist.labs.mesh_checks import (
     check_state_per_gpu,
 )
 from minidist.labs.notebook import install as _install_notebook_errors
-from minidist.labs.overlap_checks import check_collective_matmul_time, check_kv_numbers_per_token
+from minidist.labs.overlap_checks import (
+    check_collective_matmul_time,
+    check_dualpipev_bubble,
+    check_kv_numbers_per_token,
+)
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
 from minidist.labs.precision_checks import check_loss_scale_update, check_max_finite, check_round_to
 from minidist.labs.profiling_checks import check_bus_bandwidth, check_overlap_fraction, check_robust_z

@@ -50,3 +50,20 @@ def check_kv_numbers_per_token(fn: Callable[[int, int, int, int | None], int]) -
         return None
 
     check_cases("kv_numbers_per_token", fn, cases, rel=0, diagnose=diagnose)
+
+
+def check_dualpipev_bubble(fn: Callable[[int, int], float]) -> None:
+    """``fn(p, m)``: the idle share of DualPipeV's span with equal F, I and W costs."""
+    cases = [((p, m), (p - 1) / (6 * m + p - 1), "each rank does 3 m stage-times of work (F, I, W per micro-batch) and "
+              "idles (p - 1) / 2 of them: the fill and the drain are made of half-stage chunks")
+             for p, m in ((2, 4), (4, 8), (8, 16), (4, 32))]
+
+    def diagnose(args, expected, got):
+        p, m = args
+        if math.isclose(got, (p - 1) / (3 * m + p - 1)):
+            return "that is zero bubble's: on the V each chunk is half a stage, so the fill and drain take half as long"
+        if math.isclose(got, (p - 1) / (6 * m)):
+            return "that is bubble / work; the question asks for the idle share of the whole span"
+        return None
+
+    check_cases("dualpipev_bubble", fn, cases, rel=1e-12, diagnose=diagnose)
