@@ -20,7 +20,8 @@ vocabulary), ``tensor_parallel_model`` (attention, MLP and ``tensor_parallelize(
 sequence-parallel collectives cut into ring steps hidden behind their matmuls).
 
 Pipeline parallelism (chapter 16): ``schedules`` (schedules as data: GPipe, 1F1B, interleaved, ZB-H1;
-the checker and simulator), ``split_backward`` (input- and weight-gradient passes for zero bubble),
+the checker and simulator), ``dualpipe`` (DualPipeV, the pipeline folded into a V), ``split_backward``
+(input- and weight-gradient passes for zero bubble),
 ``pipeline`` (stage partitioning and the executor that runs any schedule).
 
 Context and expert parallelism (chapters 17-18): ``online_softmax`` (the (m, s, o) state, its associative
@@ -43,7 +44,7 @@ from minidist.parallel.tp_overlap import all_gather_matmul, matmul_reduce_scatte
 from minidist.parallel.vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 # isort: split
-from minidist.parallel import pipeline, schedules
+from minidist.parallel import dualpipe, pipeline, schedules
 from minidist.parallel.pipeline import PipelineExecutor, measure_schedule
 from minidist.parallel.pipeline_stages import partition
 from minidist.parallel.schedule_walk import check_schedule, simulate
@@ -71,8 +72,8 @@ __all__ += ["ColumnParallelLinear", "RowParallelLinear", "TPGroup", "VocabParall
             "vocab_parallel_cross_entropy", "all_gather_matmul", "matmul_reduce_scatter"]
 __all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", "expert_parallelize",
             "ring_attention", "ulysses_attention"]
-__all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "make_schedule", "measure_schedule",
-            "partition", "pipeline", "schedules", "simulate"]
+__all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "dualpipe", "make_schedule",
+            "measure_schedule", "partition", "pipeline", "schedules", "simulate"]
 __all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]
 __all__ += ["compression", "DGC", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
             "train_local", "Logistic", "train_async", "train_sync", "OneBitAdam", "train_onebit_adam",
