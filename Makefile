@@ -9,13 +9,14 @@ SERIAL := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
-.PHONY: help venv lab check test test-slow test-fast test-portability bench labs labs-check lint clean
+.PHONY: help venv lab check test test-slow test-fast test-portability test-browser bench labs labs-check lint clean
 
 help:
 	@echo "make lab        create .venv, install minidist, open JupyterLab on labs/"
 	@echo "make check LAB=08  run your labs/08_*.ipynb and say which exercises are done"
 	@echo "make test       create/refresh .venv and run every test, nbval over solutions/ included"
 	@echo "make test-slow  the exhaustive ends of the sweeps (8-rank layouts of the composition grid, ...); CI runs it"
+	@echo "make test-browser  the interactive labs in headless Chromium (installs chromium, chromedriver, selenium); CI runs it"
 	@echo "make bench      benchmarks (collectives vs MPICH, autograd vs PyTorch, estimator calibration)"
 	@echo "make labs       regenerate labs/ from solutions/"
 	@echo "make labs-check fail if labs/ is out of date with solutions/"
@@ -54,13 +55,13 @@ labs-check: $(STAMP)
 	$(BIN)/python -m minidist.labs.build --check
 
 test: $(STAMP) lint labs-check
-	$(SERIAL) $(BIN)/python -m pytest -q -m "not slow" tests
+	$(SERIAL) $(BIN)/python -m pytest -q -m "not slow" --ignore=tests/browser tests
 	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
 	  $(SERIAL) $(BIN)/python -m pytest -q --nbval --nbval-current-env -p tests.nb_timing solutions/; \
 	else echo "(no solution notebooks yet)"; fi
 
 test-fast: $(STAMP)
-	$(SERIAL) $(BIN)/python -m pytest -q -x tests
+	$(SERIAL) $(BIN)/python -m pytest -q -x --ignore=tests/browser tests
 
 # Saved outputs must not depend on the CPU. This reruns nbval as if on other machines: other OpenBLAS
 # kernels, and numpy without its AVX-512/AVX2 loops. Slow (one full nbval run per setting); not in CI.
@@ -79,7 +80,15 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench
 
 test-slow: $(STAMP)
-	$(SERIAL) $(BIN)/python -m pytest -q -m slow tests
+	$(SERIAL) $(BIN)/python -m pytest -q -m slow --ignore=tests/browser tests
+
+# Debian's Chromium and ChromeDriver (root or sudo), selenium into the venv; JupyterLab opens the widget labs.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+test-browser: $(STAMP)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; }
+	$(BIN)/python -m pip install -q -e '.[test,browser]'
+	$(SERIAL) $(BIN)/python -m pytest -q tests/browser
 
 clean:
 	rm -rf $(VENV) build *.egg-info
