@@ -5,6 +5,7 @@ this file; ``make test`` does not collect it (it needs a browser)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -46,8 +47,12 @@ def _free_port() -> int:
 def lab():
     """A JupyterLab server on a copy of the notebooks; yields its base URL, stops it (and its kernels) after."""
     work = Path(tempfile.mkdtemp(prefix="minidist_browser_"))
-    for name in NOTEBOOKS:
-        shutil.copy(ROOT / "solutions" / name, work / name)
+    for name in NOTEBOOKS:  # without saved outputs: everything on the page comes from this run
+        nb = json.loads((ROOT / "solutions" / name).read_text())
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                cell["outputs"], cell["execution_count"] = [], None
+        (work / name).write_text(json.dumps(nb))
     port = _free_port()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     server = subprocess.Popen(
@@ -126,8 +131,13 @@ def _move_one_control(driver, widget) -> str:
     """Change the first control of ``widget``: a slider by a key press, else a dropdown's choice."""
     handles = widget.find_elements(By.CSS_SELECTOR, ".noUi-handle")
     if handles:
+        readout = widget.find_elements(By.CSS_SELECTOR, ".widget-readout")[0]
+        before = readout.text
         handles[0].click()
         handles[0].send_keys(Keys.ARROW_RIGHT)
+        time.sleep(0.3)
+        if readout.text == before:  # it was at its right end
+            handles[0].send_keys(Keys.ARROW_LEFT)
         return "slider"
     selects = widget.find_elements(By.CSS_SELECTOR, "select")
     options = selects[0].find_elements(By.TAG_NAME, "option")
@@ -144,7 +154,16 @@ def test_the_widgets_respond_in_the_browser(lab, browser, name):
     _wait(lambda: "Idle" in browser.find_element(By.CSS_SELECTOR, ".jp-StatusBar-Widget").text
           or browser.find_elements(By.CSS_SELECTOR, ".jp-Notebook-ExecutionIndicator[data-status='idle']"),
           60, "the kernel to start")
-    _menu(browser, "Run", "Run All Cells")
+    for attempt in range(3):  # a click that lands while the page is still settling is lost: try again
+        _menu(browser, "Run", "Run All Cells")
+        try:
+            _wait(lambda: any(e.text.strip() not in ("", "[ ]:")
+                              for e in browser.find_elements(By.CSS_SELECTOR, ".jp-InputPrompt")), 30,
+                  "a cell to start")
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise AssertionError(f"{name}: Run All Cells started no cell, three times") from None
     widgets = _wait(lambda: [w for w in browser.find_elements(By.CSS_SELECTOR, ".widget-vbox")
                              if w.find_elements(By.CSS_SELECTOR, "img")], 240, f"{name}'s widget to draw")
     for widget in widgets:
