@@ -62,6 +62,7 @@ class TrainResult:
     lost_time: float = 0.0
     checkpoint_blocked: list[float] = field(default_factory=list)
     peak_memory: list[float] = field(default_factory=list)  # rank r's peak of all categories together (bytes)
+    peak_breakdown: list[dict[str, float]] = field(default_factory=list)  # rank r's categories at that peak
     memory_timeline: list[list[tuple[float, float]]] = field(default_factory=list)  # rank r: (seconds, bytes held)
     loss_scales: list[float] = field(default_factory=list)  # mixed precision: the loss scale of every step
     skipped_steps: int = 0  # steps skipped because a gradient overflowed
@@ -248,6 +249,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     return TrainResult(
         losses=losses, params=params, grads=grads, time=time,
         memory=[dict(m.peak) for m in res.memory], peak_memory=[m.peak_total for m in res.memory], trace=res.trace,
+        peak_breakdown=[dict(m.peak_breakdown) for m in res.memory],
         memory_timeline=[list(m.timeline) for m in res.memory],
         comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
