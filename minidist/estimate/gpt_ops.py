@@ -263,9 +263,11 @@ def activation_bytes(x: Shard) -> dict[str, float]:
     block = e * (t * (10 * h + merged * x.hq + 4 * x.f + 2) + x.pairs)
     if x.cp > 1:  # ring attention keeps neither the probabilities nor a separate output of its own
         block -= e * (x.pairs + t * x.hq)
+    # the loss keeps its targets' row indices as int64 (8 bytes a token whatever the dtype): ``rows`` and ``tt``
+    # of cross_entropy, ``local`` of the vocabulary-parallel loss
     if x.tp == 1:
-        head = e * (2 * t * x.v + 2 * t * h + 3 * t + 1) + 9 * t
+        head = e * (2 * t * x.v + 2 * t * h + 2 * t + 1) + 17 * t
     else:
         embed += e * (2 * t * h + t)
-        head = e * (t * x.v + 2 * t * h + 2 * t + 1)
+        head = e * (t * x.v + 2 * t * h + t + 1) + 8 * t
     return {"embed": embed, "block": block, "head": head}
