@@ -26,7 +26,8 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-WIDGETS = ("md.viz.explore(", "_explorer(", "memory_calculator(")  # the calls that put a widget on the page
+# the calls that put a widget on the page
+WIDGETS = ("md.viz.explore(", "_explorer(", "memory_calculator(", "ring_stepper(")
 NOTEBOOKS = sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb") if any(w in p.read_text() for w in WIDGETS))
 TOKEN = "minidist-browser-test"
 # lines Chromium logs that are not the page's errors: a missing favicon, the closed network
