@@ -57,20 +57,21 @@ def dualpipev(stages: int, microbatches: int) -> Schedule:
             return vs == nvs - 1 or done.get(("I", mb, vs + 1), t + 1) <= t
         return done.get(("I", mb, vs), t + 1) <= t
 
+    def earliest(op: str, stages: list[int], t: int) -> tuple[str, int, int] | None:
+        """The ready ``op`` of the lowest micro-batch on one of ``stages`` (in their order), if any."""
+        for mb in range(m):
+            for vs in stages:
+                if ready(op, mb, vs, t):
+                    return op, mb, vs
+        return None
+
     t = 0
     while left:
         for r in range(p):
             if busy[r] > t:
                 continue
             mine = [r, nvs - 1 - r]  # this rank's virtual stages, chunk 0 and chunk 1
-            pick = None
-            for mb in range(m):
-                for vs in reversed(mine):
-                    if ready("I", mb, vs, t):
-                        pick = ("I", mb, vs)
-                        break
-                if pick:
-                    break
+            pick = earliest("I", mine[::-1], t)
             for vs in reversed(mine):  # a new micro-batch (chunk 0) only under the bound; chunk 1 always
                 if pick is not None or (vs == r and waiting[r] > 2 * p):
                     continue
@@ -79,13 +80,7 @@ def dualpipev(stages: int, microbatches: int) -> Schedule:
                         pick = ("F", mb, vs)
                         break
             if pick is None:
-                for mb in range(m):
-                    for vs in reversed(mine):
-                        if ready("W", mb, vs, t):
-                            pick = ("W", mb, vs)
-                            break
-                    if pick:
-                        break
+                pick = earliest("W", mine[::-1], t)
             if pick is None:
                 continue
             op, mb, vs = pick
