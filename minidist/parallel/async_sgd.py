@@ -34,6 +34,18 @@ class AsyncResult:
     losses: list[float] = field(default_factory=list)
 
 
+def earliest(pending: dict, deadline: float, what: str) -> int:
+    """Wait until every worker's next message has arrived (each has one in flight), then take the earliest in
+    simulated time: no later arrival can precede it. Returns its worker; ``what`` starts the timeout's message."""
+    while not all(h.is_completed() for h in pending.values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} {[r for r, h in pending.items() if not h.is_completed()]}")
+        time.sleep(2e-4)
+    r = min(pending, key=lambda q: (pending[q].end_time, q))
+    pending[r].wait()
+    return r
+
+
 def _server(problem, workers: int, updates: int, lr: float, staleness_aware: bool, timeout: float) -> dict:
     d = problem.dim
     w, version = problem.init(), 0
@@ -43,13 +55,7 @@ def _server(problem, workers: int, updates: int, lr: float, staleness_aware: boo
     pending = {r: dist.irecv(bufs[r], r) for r in bufs}
     taus, losses, deadline = [], [], time.monotonic() + timeout
     while len(taus) < updates:
-        while not all(h.is_completed() for h in pending.values()):  # every worker's next arrival is known
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"async_sgd: the server waited {timeout} s for workers "
-                                   f"{[r for r, h in pending.items() if not h.is_completed()]}")
-            time.sleep(2e-4)
-        r = min(pending, key=lambda q: (pending[q].end_time, q))
-        pending[r].wait()
+        r = earliest(pending, deadline, f"async_sgd: the server waited {timeout} s for workers")
         g, read = bufs[r][:d], int(bufs[r][d])
         tau = version - read
         w = w - (lr / max(1, tau) if staleness_aware else lr) * g

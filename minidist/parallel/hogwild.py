@@ -22,6 +22,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.hardware.cluster import Cluster
+from minidist.parallel.async_sgd import earliest
 from minidist.runtime import launch
 
 READ, WRITE, STOP = 0.0, 1.0, -1.0
@@ -77,13 +78,7 @@ def _server(problem: SparseLogistic, workers: int, updates: int, every: int, tim
     read_at: dict[int, int] = {}
     writes, collided, losses, deadline = 0, 0, [], time.monotonic() + timeout
     while writes < updates:
-        while not all(h.is_completed() for h in pending.values()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"hogwild: rank 0 waited {timeout} s for workers "
-                                   f"{[r for r, h in pending.items() if not h.is_completed()]}")
-            time.sleep(2e-4)
-        r = min(pending, key=lambda q: (pending[q].end_time, q))  # the earliest message in simulated time
-        pending[r].wait()
+        r = earliest(pending, deadline, f"hogwild: rank 0 waited {timeout} s for workers")
         kind, idx = bufs[r][0], bufs[r][2:2 + k].astype(np.int64)
         if kind == READ:
             read_at[r] = writes
