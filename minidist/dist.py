@@ -5,6 +5,10 @@ caller's buffer, ``src``/``dst`` are global ranks even with ``group=``, and ``as
 ``isend``/``irecv``) returns a ``Work`` whose ``wait()`` must be called before the buffer is used.
 Buffers are numpy arrays or minidist Tensors (anything with a ``.data`` ndarray).
 
+The same calls run across real machines under MPI: ``md.launch(fn, n, backend="mpi")``, or a script
+started by ``mpiexec -n N python script.py`` that calls ``init(backend="mpi")`` first and
+``destroy_process_group()`` at the end.
+
 On top of torch's API: ``now()`` (this rank's simulated time), ``compute(...)`` (charge work to
 the roofline by hand), ``memory()`` (this rank's ledger) and ``cluster()``.
 """
@@ -23,6 +27,7 @@ __all__ = [
     "get_group_rank", "get_global_rank", "send", "recv", "isend", "irecv", "now", "compute", "memory", "cluster",
     "broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh", "progress",
+    "init", "destroy_process_group",
 ]
 
 
@@ -49,6 +54,31 @@ def contiguous(arr: np.ndarray):
         arr[...] = tmp
 
     return tmp, back
+
+
+# -- joining a world without md.launch ------------------------------------------------------
+def init(backend: str = "mpi", cluster=None, timeout: float = 60.0) -> int:
+    """Make this process a rank of the MPI job it runs in (``mpiexec -n N python script.py``); returns its rank.
+
+    ``cluster`` is the hardware the simulated clocks charge (default: DGX H100 nodes), ``timeout`` how long a
+    communication call may wait. Only ``backend="mpi"``: the simulator's ranks are started by ``md.launch``.
+    """
+    from minidist.runtime.context import in_rank
+    from minidist.runtime.mpi_worker import start_rank
+
+    if backend != "mpi":
+        raise ValueError(f"md.dist.init: backend must be 'mpi' (simulated ranks are started by md.launch), got "
+                         f"{backend!r}")
+    if in_rank():
+        raise RuntimeError("md.dist.init: this process is already a rank (init was called twice, or inside md.launch)")
+    return start_rank(cluster, timeout).rank
+
+
+def destroy_process_group() -> None:
+    """Finish the messages in flight and leave the world that ``init`` joined."""
+    from minidist.runtime.mpi_worker import stop_rank
+
+    stop_rank()
 
 
 # -- ranks and groups ----------------------------------------------------------------------

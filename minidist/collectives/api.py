@@ -19,6 +19,7 @@ import numpy as np
 
 from minidist.collectives import ALGORITHMS, choose
 from minidist.collectives.comm import Comm, _Cursor
+from minidist.collectives.native import NATIVE
 from minidist.runtime.context import current
 from minidist.runtime.errors import MismatchError
 from minidist.runtime.groups import ProcessGroup
@@ -105,9 +106,10 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async
     c = Comm(ctx, group.ranks, cursor, -(group.key << 6) - 1, b"", name)
     if algorithm is None:
         algorithm = _choose(coll, nbytes, c)
-    fn = ALGORITHMS[coll].get(algorithm)
+    fn = ALGORITHMS[coll].get(algorithm) or (NATIVE[coll] if algorithm == "native" else None)
     if fn is None:
-        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])}")
+        raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])} "
+                         f"(and 'native', MPI's own, under the MPI backend)")
     sig = c._sig = _signature(name, detail, algorithm, group.ranks)
     try:
         if group.size() > 1:

@@ -112,6 +112,15 @@ class Comm:
         local()
         self.wait(s, r)
 
+    # -- MPI's own collectives (native.py) ------------------------------------------------------
+    def wait_request(self, req) -> None:
+        """Wait for a non-blocking MPI request with this transport's timeout (MPI backend only)."""
+        self._tp.wait_native(req, f"{self.name} (MPI's own collective on ranks {list(self.ranks)})")
+
+    def advance(self, seconds: float) -> None:
+        """Move the cursor by ``seconds`` (a closed form charged for work the messages did not show)."""
+        self._cursor.t += seconds
+
     # -- structure ---------------------------------------------------------------------------
     def sub(self, members: Sequence[int]) -> Comm:
         """A Comm over some of this group's ranks (group-local indices), sharing this rank's cursor.

@@ -31,6 +31,7 @@ from minidist.hardware.trace import Trace
 from minidist.runtime import context, pickling, shm
 from minidist.runtime.errors import RankError, process_state
 from minidist.runtime.live import LiveView
+from minidist.runtime.mpi_launch import launch_mpi
 from minidist.runtime.rank_process import rank_main
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -41,11 +42,13 @@ class LaunchResult(Sequence):
     """The ranks' return values in rank order, plus what the simulation measured.
 
     ``times[r]``: rank r's final simulated time in seconds (all its streams finished);
-    ``memory[r]``: its MemoryLedger; ``trace``: every rank's events; ``stdout[r]``: what it printed.
+    ``memory[r]``: its MemoryLedger; ``trace``: every rank's events; ``stdout[r]``: what it printed;
+    ``wall``: the real seconds the launch took (under MPI: from mpiexec's start to its end).
     """
 
-    def __init__(self, values, times, memory, trace, stdout) -> None:
+    def __init__(self, values, times, memory, trace, stdout, wall: float | None = None) -> None:
         self.values, self.times, self.memory, self.trace, self.stdout = values, times, memory, trace, stdout
+        self.wall = wall
 
     def __getitem__(self, i):
         return self.values[i]
@@ -340,6 +343,7 @@ def launch(
     start_method: str | None = None,
     quiet: bool = False,
     deadline: float | None = None,
+    backend: str = "sim",
 ) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` simulated devices and collect what they return.
 
@@ -348,7 +352,8 @@ def launch(
     report of who waits for whom; once a rank has returned, the others have ``timeout`` seconds to
     return too. ``deadline`` (seconds, default none) bounds the whole launch. A rank that overstays
     either limit is stopped and reported with the line it was running. ``start_method`` is "fork"
-    (default on Linux: fast) or "spawn".
+    (default on Linux: fast) or "spawn". ``backend="mpi"`` starts the ranks with ``mpiexec`` instead, one MPI
+    process each, exchanging their messages over MPI (``mpi_launch.py``; the simulated clocks run as usual).
     What ranks print is shown as it happens in a long launch and grouped by rank otherwise, with the
     progress ranks report through ``md.dist.progress`` (see live.py; ``quiet=True`` keeps the output in
     ``result.stdout`` only). Raises RankError if any rank raises.
@@ -367,6 +372,12 @@ def launch(
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
                                  or not math.isfinite(deadline) or deadline <= 0):
         raise ValueError(f"launch: deadline must be None or a positive number of seconds, got {deadline!r}")
+    if backend not in ("sim", "mpi"):
+        raise ValueError(f"launch: backend must be 'sim' (shared memory) or 'mpi', got {backend!r}")
+    if backend == "mpi":
+        if start_method is not None:
+            raise ValueError("launch: start_method applies to backend='sim' only (mpiexec starts MPI ranks)")
+        return launch_mpi(fn, world_size, args, kwargs, cluster, timeout, quiet, deadline)
     if start_method not in (None, "fork", "spawn", "forkserver"):
         raise ValueError(f"launch: start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}")
     if start_method is None:
@@ -427,4 +438,6 @@ def launch(
                 c.close()
             seg.unlink()
             del board
-    return ranks.result()
+    res = ranks.result()
+    res.wall = time.monotonic() - ranks.t0
+    return res

@@ -1,0 +1,184 @@
+"""``md.launch(fn, world_size, backend="mpi")``: the same launch, its ranks started by ``mpiexec``.
+
+The function and its arguments travel by value (``pickling.py``, as under spawn) in a file of a private
+folder; ``mpiexec -n world_size python -m minidist.runtime.mpi_worker FOLDER`` runs them, one MPI process
+per rank; each rank leaves its report (value, simulated time, ledger, trace, output) in the folder, and
+the result is the same ``LaunchResult`` the simulator returns. The simulated clocks keep running: every
+message is charged on the modelled cluster exactly as in shared memory, whatever the real network did;
+the wall time of the real run is in ``LaunchResult.wall``.
+
+No hangs and no leftovers: ranks time out inside a wait like simulated ones, a rank that raises aborts
+the MPI job, the launcher stops the job (its whole process group) when a rank overstays ``timeout`` after
+the first returned, past ``deadline``, or on Ctrl-C, and the folder is removed whatever happens.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import dill
+
+from minidist.hardware.cluster import Cluster
+from minidist.hardware.trace import Trace
+from minidist.runtime import pickling
+from minidist.runtime.live import LiveView
+
+POLL = 0.02  # seconds between looks at the ranks' files
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` next to this Python (the ``mpi`` extra installs MPICH there), else the one on PATH."""
+    here = Path(sys.executable).with_name("mpiexec")
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("backend='mpi' needs mpiexec: pip install -e '.[mpi]' (mpi4py and MPICH as packages), "
+                           "or put your MPI's mpiexec on PATH")
+    return found
+
+
+def mpi_available() -> str | None:
+    """None when the MPI backend can run here, else why not (for tests to skip with)."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return "mpi4py is not installed (pip install -e '.[mpi]')"
+    try:
+        mpiexec_path()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+class _Job:
+    """The running ``mpiexec`` and the ranks' files in ``folder``."""
+
+    def __init__(self, world: int, folder: str, live: LiveView) -> None:
+        self.world, self.folder, self.live = world, folder, live
+        self.read = [0] * world  # bytes of each rank's output already shown
+        self.reports: dict[int, tuple] = {}
+        self.order: list[int] = []
+
+    def look(self) -> None:
+        for r in range(self.world):
+            out = os.path.join(self.folder, f"{r}.out")
+            try:
+                with open(out, "rb") as f:
+                    f.seek(self.read[r])
+                    text = f.read()
+            except OSError:
+                text = b""
+            if text:
+                self.read[r] += len(text)
+                self.live.output(r, text.decode(errors="replace"))
+            try:
+                with open(os.path.join(self.folder, f"{r}.progress")) as f:
+                    done, total, what = f.read().split(" ", 2)
+                self.live.report(r, int(done), int(total), what)
+            except (OSError, ValueError):
+                pass
+            if r not in self.reports:
+                path = os.path.join(self.folder, f"{r}.report")
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        self.reports[r] = dill.loads(f.read())
+                    self.order.append(r)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop mpiexec and every rank it started (they share its process group)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None, timeout: float,
+               quiet: bool, deadline: float | None):
+    """Run ``fn`` on ``world_size`` MPI processes; the LaunchResult, or the RankError of the first failure."""
+    from minidist.runtime.launch import LaunchResult, _failure  # the launcher's own result and error
+
+    why = mpi_available()
+    if why is not None:
+        raise RuntimeError(f"md.launch(backend='mpi'): {why}")
+    try:
+        payload = pickling.dumps((fn, args, kwargs, cluster, timeout))
+    except Exception as e:
+        raise TypeError(f"launch: fn and its arguments must be picklable to run under MPI: {type(e).__name__}: {e}") \
+            from e
+    folder = tempfile.mkdtemp(prefix="minidist-mpi-")
+    live = LiveView(world_size, quiet)
+    job = _Job(world_size, folder, live)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, "-m", "minidist.runtime.mpi_worker", folder]
+    proc = None
+    t0 = time.monotonic()
+    try:
+        with open(os.path.join(folder, "payload"), "wb") as f:
+            f.write(payload)
+        log = open(os.path.join(folder, "mpiexec.log"), "wb")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+        log.close()
+        first_done = None
+        overstayed = None
+        while proc.poll() is None:
+            time.sleep(POLL)
+            job.look()
+            now = time.monotonic()
+            oks = [r for r, rep in job.reports.items() if rep[0] == "ok"]
+            if oks and first_done is None:
+                first_done = now
+            if deadline is not None and now - t0 > deadline:
+                overstayed = f"the launch's deadline of {deadline:g} s"
+            elif first_done is not None and now - first_done > timeout:
+                overstayed = f"{timeout:g} s (the timeout) after rank {min(oks)} returned"
+            if overstayed:
+                _stop(proc)
+                break
+        job.look()
+        wall = time.monotonic() - t0
+    except BaseException:
+        if proc is not None:
+            _stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
+        live.close({})
+        raise
+    try:
+        log_text = Path(folder, "mpiexec.log").read_text(errors="replace")
+    except OSError:
+        log_text = ""
+    shutil.rmtree(folder, ignore_errors=True)
+    reps = job.reports
+    live.close({r: rep[6] for r, rep in reps.items()})
+    errors = {r: rep[2:6] for r, rep in reps.items() if rep[0] == "error"}
+    missing = [r for r in range(world_size) if r not in reps]
+    if not errors and not missing:
+        res = LaunchResult([reps[r][2] for r in range(world_size)], [reps[r][3] for r in range(world_size)],
+                           [reps[r][4] for r in range(world_size)],
+                           Trace.from_recorders({r: reps[r][5] for r in range(world_size)}),
+                           [reps[r][6] for r in range(world_size)])
+        res.wall = wall
+        return res
+    order = [r for r in job.order if r in errors]
+    for r in missing:
+        if overstayed:
+            errors[r] = ("DeadlineExceeded", f"rank {r} ran past {overstayed} and was stopped", "", None)
+        elif errors:
+            errors[r] = ("Terminated", "stopped with the MPI job after another rank failed", "", None)
+        else:
+            tail = "\n".join(log_text.strip().splitlines()[-5:])
+            errors[r] = ("RankDied", f"rank {r} exited without reporting (mpiexec exit code {proc.returncode}"
+                         + (f"; mpiexec said: {tail}" if tail else "") + ")", "", None)
+        order.append(r)
+    raise _failure(errors, order)

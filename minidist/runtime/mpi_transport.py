@@ -1,0 +1,352 @@
+"""Point-to-point messages over MPI: the same messages, headers and simulated times as over shared memory.
+
+The engine for real machines (``md.launch(..., backend="mpi")``, or a script under ``mpiexec`` that calls
+``md.dist.init(backend="mpi")``). It offers a rank's collectives exactly what ``transport.py`` offers, so
+minidist's own algorithms are the code that crosses the network.
+
+A message is two MPI messages between the same pair of ranks on a private duplicate of COMM_WORLD: its
+header (``shm.HEADER``: minidist tag, size, dtype, shape, simulated start and arrival, the call's signature)
+on MPI tag 0, then its bytes on MPI tag 1. MPI keeps messages of one pair and one MPI tag in order, and the
+receiver posts its payload receives in the order the headers came, so every payload lands where its header
+said. Matching on minidist's tag happens here, as in ``transport.py``: a receive takes the first message
+with its tag; a message nobody asked for yet is set aside (its bytes received into a private buffer) until
+someone does. The sender books its link on the simulated clock (``Clock.message``) and the header carries the
+times, so every rank's clock advances exactly as under the simulator, and every result is bitwise the same.
+
+Waits poll MPI's non-blocking requests (a short spin, then naps that grow to a millisecond) and time out
+like the simulator's. What MPI cannot tell: another rank's state (a timeout report names this rank's wait
+only) and a refusal back to the sender (the receiver that finds a message that does not fit raises, and the
+MPI launcher stops every rank).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from minidist.runtime.errors import CommTimeoutError, MismatchError
+from minidist.runtime.shm import HEADER, SIG_MAX
+from minidist.runtime.transport import wire_signature
+
+HDR_TAG, DATA_TAG = 0, 1
+HDR_BYTES = HEADER.size + SIG_MAX
+
+
+def _fmt(shape, dtype) -> str:
+    return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
+
+
+class _Send:
+    __slots__ = ("peer", "tag", "name", "reqs", "keep", "start", "end", "done", "error")
+
+    def __init__(self, peer, tag, name, reqs, keep, start, end):
+        self.peer, self.tag, self.name, self.reqs, self.keep = peer, tag, name, reqs, keep
+        self.start, self.end = start, end
+        self.done, self.error = False, None
+
+    def describe(self) -> str:
+        if self.tag >= 0:
+            return f"{self.name}(dst={self.peer}, tag={self.tag})"
+        return f"{self.name} (send to rank {self.peer})"
+
+
+class _Recv:
+    __slots__ = ("peer", "tag", "buf", "flat", "ufunc", "sig", "name", "post", "nbytes", "end", "done", "error")
+
+    def __init__(self, peer, tag, buf, ufunc, sig, name, post):
+        self.peer, self.tag, self.buf, self.ufunc = peer, tag, buf, ufunc
+        self.sig, self.name, self.post = sig, name, post
+        self.flat = buf.reshape(-1)
+        self.nbytes = buf.nbytes
+        self.end, self.done, self.error = 0.0, False, None
+
+    def describe(self) -> str:
+        if self.tag >= 0:
+            return f"{self.name}(src={self.peer}, tag={self.tag})"
+        return f"{self.name} (recv from rank {self.peer})"
+
+
+class _Incoming:
+    """A message whose header has arrived: its bytes are on their way into ``data`` (or the receive's buffer)."""
+
+    __slots__ = ("hdr", "sig", "data", "req", "target", "arrived")
+
+    def __init__(self, hdr, sig, data, req, target):
+        self.hdr, self.sig, self.data, self.req, self.target = hdr, sig, data, req, target
+        self.arrived = req is None
+
+
+class _NativeOp:
+    """A request of MPI's own collective, waited for like a message."""
+
+    __slots__ = ("req", "name", "finished", "end", "error")
+
+    def __init__(self, req, name):
+        self.req, self.name, self.finished, self.end, self.error = req, name, False, 0.0, None
+
+    @property
+    def done(self) -> bool:
+        if not self.finished:
+            self.finished = self.req.Test()
+        return self.finished
+
+    def describe(self) -> str:
+        return self.name
+
+
+class _NoBoard:
+    """The simulator's board has no MPI counterpart: a disagreement is raised by the rank that sees it."""
+
+    def abort(self, message: str, mismatch: bool = False) -> None:
+        pass
+
+
+class MPITransport:
+    """The message engine of one rank over an MPI communicator (same interface as ``transport.Transport``)."""
+
+    rendezvous_bytes = 1 << 62  # no in-place reads across machines: algorithms take their small-message path
+
+    def __init__(self, comm, clock, timeout: float) -> None:
+        self.comm = comm.Dup()  # our messages never meet the user's own MPI calls
+        self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+        self.clock, self.timeout = clock, timeout
+        self.board = _NoBoard()
+        self.coll = None
+        self.sends: list[_Send] = []
+        self.recv_q: dict[int, list[_Recv]] = {}  # posted receives whose message has not been seen
+        self.hdr_req: dict[int, tuple] = {}  # src -> (request, buffer) of the next header from src
+        self.incoming: list[_Incoming] = []  # payloads on their way
+        self.stash: dict[int, list[_Incoming]] = {}  # messages nobody asked for yet, by sender
+        self.failed: list = []
+        self.native: dict[tuple, object] = {}  # group ranks -> communicator, for MPI's own collectives
+
+    # -- posting ---------------------------------------------------------------------------
+    def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
+              eager: bool = False) -> _Send:
+        n = arr.nbytes
+        start, end = self.clock.message(dst, n, ready)
+        wsig = wire_signature(sig)
+        shape = arr.shape[:8]
+        hdr = bytearray(HEADER.size + len(wsig))
+        HEADER.pack_into(hdr, 0, tag, n, start, end, 0, len(arr.shape), *shape, *(0,) * (8 - len(shape)),
+                         arr.dtype.str.encode(), len(wsig), 0)
+        hdr[HEADER.size:] = wsig
+        reqs = [self.comm.Isend([hdr, len(hdr), _BYTE()], dst, HDR_TAG)]
+        payload = arr.reshape(-1).view(np.uint8) if n else None
+        if n:
+            reqs.append(self.comm.Isend([payload, n, _BYTE()], dst, DATA_TAG))
+        op = _Send(dst, tag, name, reqs, (hdr, payload), start, end)
+        self.sends.append(op)
+        return op
+
+    def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
+              name: str = "recv") -> _Recv:
+        op = _Recv(src, tag, arr, ufunc, sig, name, ready)
+        st = self.stash.get(src)
+        if st:
+            for i, m in enumerate(st):
+                if m.hdr[0] == tag:
+                    del st[i]
+                    self._match(op, m)
+                    return op
+        self.recv_q.setdefault(src, []).append(op)
+        self._pull(src)
+        return op
+
+    def sendrecv_small(self, *args, **kwargs) -> None:
+        return None  # no shortcut over MPI: the general path
+
+    # -- matching ----------------------------------------------------------------------------
+    def _check(self, op: _Recv, hdr, sig: bytes) -> str | None:
+        tag, nbytes, ndim = hdr[0], hdr[1], hdr[5]
+        dtype = np.dtype(hdr[14].rstrip(b"\0").decode())
+        if sig != op.sig and sig != wire_signature(op.sig):
+            theirs = sig.decode(errors="replace") or "a point-to-point send"
+            mine = op.sig.decode(errors="replace") or "a point-to-point recv"
+            return (f"ranks disagree about a collective call: rank {op.peer} called {theirs}; "
+                    f"rank {self.rank} called {mine}")
+        if dtype != op.flat.dtype or nbytes != op.nbytes:
+            shape = tuple(hdr[6 : 6 + min(ndim, 8)])
+            return (f"{op.name}: message from rank {op.peer} to rank {self.rank} (tag {tag}) does not fit: "
+                    f"rank {op.peer} sent {_fmt(shape, dtype)} ({nbytes} bytes) but rank {self.rank} "
+                    f"receives into {_fmt(op.buf.shape, op.buf.dtype)} ({op.nbytes} bytes)")
+        return None
+
+    def _match(self, op: _Recv, m: _Incoming) -> None:
+        """A stashed message meets its receive."""
+        problem = self._check(op, m.hdr, m.sig)
+        if problem:
+            self._fail(op, problem)
+        elif m.arrived:
+            self._deliver(op, m.hdr, m.data)
+        else:
+            m.target = op  # its bytes are still coming: delivered when they arrive
+
+    def _deliver(self, op: _Recv, hdr, data) -> None:
+        if data is not None and data.size:
+            if op.ufunc is None:
+                op.flat.view(np.uint8)[:] = data
+            else:
+                op.ufunc(op.flat, data.view(op.flat.dtype), out=op.flat)
+        arrival = hdr[3]
+        op.end = arrival if arrival > op.post else op.post
+        op.done = True
+
+    def _header(self, src: int, buf: bytearray) -> None:
+        hdr = HEADER.unpack_from(buf, 0)
+        tag, n, siglen = hdr[0], hdr[1], hdr[15]
+        sig = bytes(buf[HEADER.size : HEADER.size + siglen])
+        q = self.recv_q.get(src, [])
+        op = next((o for o in q if o.tag == tag), None)
+        discard = False
+        if op is not None:
+            q.remove(op)
+            if not q:
+                del self.recv_q[src]
+            problem = self._check(op, hdr, sig)
+            if problem:
+                self._fail(op, problem)
+                op, discard = None, True  # its bytes are still taken (and dropped): the sender's request completes
+            elif n == 0:
+                self._deliver(op, hdr, None)
+                return
+            elif op.ufunc is None:  # straight into the receive's buffer
+                req = self.comm.Irecv([op.flat.view(np.uint8), n, _BYTE()], src, DATA_TAG)
+                self.incoming.append(_Incoming(hdr, sig, None, req, op))
+                return
+        data = np.empty(n, np.uint8)
+        req = self.comm.Irecv([data, n, _BYTE()], src, DATA_TAG) if n else None
+        m = _Incoming(hdr, sig, data, req, op)
+        if op is None and not discard:
+            self.stash.setdefault(src, []).append(m)
+        if req is not None:
+            self.incoming.append(m)
+        elif op is not None:
+            self._deliver(op, hdr, data)
+
+    def _pull(self, src: int) -> bool:
+        """Take every header from ``src`` that has arrived while receives from it are waiting."""
+        moved = False
+        while src in self.recv_q:
+            posted = self.hdr_req.get(src)
+            if posted is None:
+                buf = bytearray(HDR_BYTES)
+                posted = self.hdr_req[src] = (self.comm.Irecv([buf, HDR_BYTES, _BYTE()], src, HDR_TAG), buf)
+            if not posted[0].Test():
+                break
+            del self.hdr_req[src]
+            self._header(src, posted[1])
+            moved = True
+        return moved
+
+    def _fail(self, op, problem: str) -> None:
+        op.error = problem
+        op.done = True
+        self.failed.append(op)
+
+    # -- progress ----------------------------------------------------------------------------
+    def progress(self) -> bool:
+        moved = False
+        if self.sends:
+            left = []
+            for op in self.sends:
+                if all(r.Test() for r in op.reqs):
+                    op.done, op.keep = True, None
+                    moved = True
+                else:
+                    left.append(op)
+            self.sends = left
+        for src in list(self.recv_q):
+            moved |= self._pull(src)
+        if self.incoming:
+            left = []
+            for m in self.incoming:
+                if m.req.Test():
+                    m.arrived, moved = True, True
+                    if m.target is not None and not m.target.done:
+                        self._deliver(m.target, m.hdr, m.data)
+                else:
+                    left.append(m)
+            self.incoming = left
+        return moved
+
+    def pending(self) -> bool:
+        return bool(self.sends or self.recv_q or self.incoming)
+
+    def wait(self, ops, timeout: float | None = None) -> None:
+        """Drive MPI until every op is done; after ``timeout`` seconds raise CommTimeoutError naming the wait."""
+        timeout = self.timeout if timeout is None else timeout
+        t0 = time.monotonic()
+        nap = 0.0
+        while True:
+            moved = self.progress()
+            if self.failed:
+                self._raise_failed(ops)
+            if all(op.done for op in ops):
+                return
+            now = time.monotonic()
+            if now - t0 >= timeout:
+                what = ", ".join(op.describe() for op in ops if not op.done)
+                if self.coll is not None:
+                    what = f"{self.coll[3].decode(errors='replace')}: {what}"
+                raise CommTimeoutError(
+                    f"rank {self.rank} waited {now - t0:.1f} s in {what} (MPI backend: the other ranks' states "
+                    f"are not visible from here)", {self.rank: "waiting"})
+            if moved:
+                nap = 0.0
+            elif now - t0 > 50e-6:  # a short spin, then naps growing to a millisecond
+                nap = min(1e-3, nap * 2 or 20e-6)
+                time.sleep(nap)
+
+    def _raise_failed(self, ops) -> None:
+        for op in ops:
+            if op.error is not None and op in self.failed:
+                self.failed.remove(op)
+                raise MismatchError(op.error)
+
+    def flush(self) -> None:
+        """Finish every send and receive still in flight (the rank's function returned with some)."""
+        if self.failed:
+            op = self.failed.pop(0)
+            raise MismatchError(op.error)
+        ops = list(self.sends) + [op for q in self.recv_q.values() for op in q]
+        ops += [m.target for m in self.incoming if m.target is not None]
+        if ops:
+            self.wait(ops)
+
+    def close(self) -> None:
+        """Cancel the header receives nobody will answer (communicators are left to MPI_Finalize: freeing
+        them is collective, and ranks leave at different moments)."""
+        for req, _ in self.hdr_req.values():
+            req.Cancel()
+            req.Wait()
+        self.hdr_req.clear()
+
+    # -- collectives: the simulator's board, MPI's own communicators -------------------------
+    def publish(self, ranks, key: int, seq: int, sig: bytes) -> None:
+        self.coll = (ranks, key, seq, sig)
+
+    def agree(self, ranks, key: int, seq: int, sig: bytes, what: str) -> None:
+        """Nothing to compare: every message carries the call's signature, checked by its receiver."""
+
+    def ring_all(self) -> None:
+        pass
+
+    def wait_native(self, req, name: str) -> None:
+        self.wait([_NativeOp(req, name)])
+
+    def group_comm(self, ranks: tuple):
+        """The MPI communicator of a process group (made by its members on first use, then kept)."""
+        c = self.native.get(ranks)
+        if c is None:
+            grp = self.comm.Get_group().Incl(list(ranks))
+            c = self.native[ranks] = self.comm.Create_group(grp)
+            grp.Free()
+        return c
+
+
+def _BYTE():
+    from mpi4py import MPI  # optional: imported only by a rank that runs under MPI
+
+    return MPI.BYTE
