@@ -161,7 +161,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
           momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
           checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool = False,
           restart: bool = False, faults: Faults | None = None, max_restarts: int = 20, precision: str | None = None,
-          loss_scale: str | float | None = None) -> TrainResult:
+          loss_scale: str | float | None = None, backend: str = "sim") -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
     ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
@@ -181,6 +181,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges the
     format's peak; ``loss_scale`` (default dynamic for fp16) scales the loss, and a step any rank's gradient
     overflowed is skipped by all (``loss_scales``, ``skipped_steps`` in the result).
+
+    ``backend="mpi"`` runs the ranks under ``mpiexec`` (``md.launch``): the same losses and weights, bitwise.
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
@@ -222,6 +224,9 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
             raise ValueError(f"parallel.train: checkpoints need checkpoint_dir (and checkpoint_every None or an int "
                              f">= 1), got {checkpoint_dir!r} and {checkpoint_every!r}")
         plan = CheckpointPlan(str(checkpoint_dir), checkpoint_every, bool(async_checkpoint))
+    if backend == "mpi" and (faults is not None or restart):
+        raise ValueError("parallel.train: faults and restarts are simulated on the shared-memory backend only "
+                         "(backend='sim')")
     if faults is not None:
         faults.check(pc.world_size)
     if resume and checkpoint_dir is None:
@@ -229,7 +234,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     attempts = Attempts(plan, faults, restart, max_restarts, resume)
     res = attempts.run(lambda attempt: launch(
         _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
-                                                     attempt, mp), cluster=cluster, timeout=timeout))
+                                                     attempt, mp), cluster=cluster, timeout=timeout, backend=backend))
     out = list(res)
     start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss

@@ -1,0 +1,308 @@
+"""The MPI backend: the same rank code under mpiexec gives the simulator's results, bitwise.
+
+Every collective x algorithm x dtype runs on 4 and 8 MPI processes, checked inside the ranks against
+numpy (the suite of test_collectives_correctness) and compared bitwise, with the simulated times, with
+the same run on the shared-memory simulator; MPI's own collectives (``algorithm="native"``) agree with
+numpy to rounding; a script under ``mpiexec`` that calls ``md.dist.init(backend="mpi")`` works; training
+dp 2 x tp 2 gives the simulator's losses and weights bitwise; failures end quickly, named, with nothing left.
+Skipped, with the reason, where mpi4py or mpiexec is missing (``pip install -e '.[mpi]'``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minidist as md
+import minidist.dist as dist
+from minidist.collectives import ALGORITHMS
+from minidist.hardware.cluster import Cluster
+from minidist.runtime import RankError, ReduceOp, launch
+from minidist.runtime.mpi_launch import mpi_available, mpiexec_path
+from tests.test_collectives_correctness import _world, data, reference
+
+pytestmark = pytest.mark.skipif(mpi_available() is not None, reason=f"MPI backend unavailable: {mpi_available()}")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _outputs(alg_filter=None) -> dict:
+    """Inside a rank: every collective x algorithm x dtype on fixed data; every output and the clock after it."""
+    me, p = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for dtype in (np.float64, np.float32, np.int64):
+        name = np.dtype(dtype).name
+        for alg in sorted(ALGORITHMS["all_reduce"]):
+            for op in (ReduceOp.SUM, ReduceOp.MAX):
+                x = data(me, 1, (37,), dtype)
+                dist.all_reduce(x, op=op, algorithm=alg)
+                out[f"all_reduce/{alg}/{op.name}/{name}"] = (x, dist.now())
+        for alg in sorted(ALGORITHMS["broadcast"]):
+            x = data(me, 2, (11,), dtype)
+            dist.broadcast(x, src=p - 1, algorithm=alg)
+            out[f"broadcast/{alg}/{name}"] = (x, dist.now())
+        for alg in sorted(ALGORITHMS["reduce"]):
+            x = data(me, 3, (13,), dtype)
+            dist.reduce(x, dst=1, algorithm=alg)
+            out[f"reduce/{alg}/{name}"] = (x, dist.now())
+        for alg in sorted(ALGORITHMS["all_gather"]):
+            got = [np.zeros(5, dtype) for _ in range(p)]
+            dist.all_gather(got, data(me, 4, (5,), dtype), algorithm=alg)
+            out[f"all_gather/{alg}/{name}"] = (np.concatenate(got), dist.now())
+        for alg in sorted(ALGORITHMS["reduce_scatter"]):
+            got = np.zeros(3, dtype)
+            dist.reduce_scatter_tensor(got, data(me, 5, (3 * p,), dtype), algorithm=alg)
+            out[f"reduce_scatter/{alg}/{name}"] = (got, dist.now())
+        for alg in sorted(ALGORITHMS["all_to_all"]):
+            got = np.zeros((2 * p, 3), dtype)
+            dist.all_to_all_single(got, data(me, 6, (2 * p, 3), dtype), algorithm=alg)
+            out[f"all_to_all/{alg}/{name}"] = (got, dist.now())
+        for alg in sorted(ALGORITHMS["scatter"]):
+            got = np.zeros(4, dtype)
+            dist.scatter(got, [data(r, 7, (4,), dtype) for r in range(p)] if me == 0 else None, src=0, algorithm=alg)
+            out[f"scatter/{alg}/{name}"] = (got, dist.now())
+        for alg in sorted(ALGORITHMS["gather"]):
+            got = [np.zeros(4, dtype) for _ in range(p)] if me == 2 else None
+            dist.gather(data(me, 8, (4,), dtype), got, dst=2, algorithm=alg)
+            out[f"gather/{alg}/{name}"] = (np.concatenate(got) if got else np.zeros(0), dist.now())
+    buf = np.arange(6, dtype=np.float64) * (me + 1)
+    if me % 2 == 0:  # point to point, tags out of order: the second is set aside until asked for
+        dist.send(buf, me + 1, tag=1)
+        dist.send(buf * 2, me + 1, tag=2)
+    else:
+        second, first = np.zeros(6), np.zeros(6)
+        dist.recv(second, me - 1, tag=2)
+        dist.recv(first, me - 1, tag=1)
+        buf = np.concatenate([first, second])
+    out["p2p"] = (buf, dist.now())
+    return out
+
+
+@pytest.mark.parametrize("p", [4, 8])
+def test_every_collective_algorithm_and_dtype_is_bitwise_the_simulator(p):
+    cluster = Cluster(gpus_per_node=p // 2)  # two nodes: the hierarchical all-reduce crosses them
+    sim = launch(_outputs, p, cluster=cluster, timeout=60)
+    mpi = launch(_outputs, p, cluster=cluster, timeout=60, backend="mpi")
+    assert mpi.wall is not None and mpi.wall > 0
+    assert len(sim[0]) > 90
+    for r in range(p):
+        assert sim[r].keys() == mpi[r].keys()
+        for key, (want, t) in sim[r].items():
+            got, t_mpi = mpi[r][key]
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), f"{key} on rank {r}"
+            assert t_mpi == t, f"{key} on rank {r}: simulated time {t_mpi} under MPI, {t} simulated"
+    assert mpi.times == sim.times
+
+
+@pytest.mark.parametrize("p", [4, pytest.param(8, marks=pytest.mark.slow)])
+def test_every_algorithm_matches_numpy_under_mpi(p):
+    res = launch(_world, p, args=(p,), cluster=Cluster(gpus_per_node=4 if p == 8 else 2), timeout=120,
+                 backend="mpi")
+    assert min(res) > 500  # checks made inside each rank, each against numpy
+
+
+def _native(group_ranks=None) -> int:
+    """Inside a rank: every collective with MPI's own implementation, against numpy."""
+    me = dist.get_rank()
+    group = None if group_ranks is None else dist.new_group(group_ranks)
+    ranks = list(range(dist.get_world_size())) if group is None else list(group.ranks)
+    p, i = len(ranks), ranks.index(me)
+    checks = 0
+    for dtype in (np.float64, np.float32, np.int64):
+        tol = {"rtol": 1e-5, "atol": 1e-5 * p} if dtype is np.float32 else {"rtol": 1e-12, "atol": 1e-12 * p}
+        for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN):
+            if op is ReduceOp.AVG and dtype is np.int64:
+                continue
+            xs = [data(r, 11, (9,), dtype, op) for r in ranks]
+            x = xs[i].copy()
+            dist.all_reduce(x, op=op, group=group, algorithm="native")
+            np.testing.assert_allclose(x, reference(op, xs), **tol)
+            y = xs[i].copy()
+            dist.reduce(y, dst=ranks[-1], op=op, group=group, algorithm="native")
+            if i == p - 1:
+                np.testing.assert_allclose(y, reference(op, xs), **tol)
+            full = [data(r, 12, (2 * p,), dtype, op) for r in ranks]
+            rs = np.zeros(2, dtype)
+            dist.reduce_scatter_tensor(rs, full[i], op=op, group=group, algorithm="native")
+            np.testing.assert_allclose(rs, reference(op, full)[2 * i : 2 * i + 2], **tol)
+            checks += 3
+        b = data(me, 13, (7,), dtype)
+        dist.broadcast(b, src=ranks[0], group=group, algorithm="native")
+        np.testing.assert_array_equal(b, data(ranks[0], 13, (7,), dtype))
+        got = [np.zeros(3, dtype) for _ in range(p)]
+        dist.all_gather(got, data(me, 14, (3,), dtype), group=group, algorithm="native")
+        np.testing.assert_array_equal(np.concatenate(got), np.concatenate([data(r, 14, (3,), dtype) for r in ranks]))
+        g = [np.zeros(3, dtype) for _ in range(p)] if i == 1 else None
+        dist.gather(data(me, 15, (3,), dtype), g, dst=ranks[1], group=group, algorithm="native")
+        if i == 1:
+            np.testing.assert_array_equal(np.concatenate(g), np.concatenate([data(r, 15, (3,), dtype) for r in ranks]))
+        s = np.zeros(3, dtype)
+        dist.scatter(s, [data(r, 16, (3,), dtype) for r in ranks] if i == 0 else None, src=ranks[0], group=group,
+                     algorithm="native")
+        np.testing.assert_array_equal(s, data(me, 16, (3,), dtype))
+        split = [[(a + 2 * b) % 3 for b in range(p)] for a in range(p)]  # rows a sends to b, uneven
+        sent = [np.split(data(ranks[a], 17, (sum(split[a]), 2), dtype), np.cumsum(split[a])[:-1]) for a in range(p)]
+        a2a = np.zeros((sum(split[a][i] for a in range(p)), 2), dtype)
+        dist.all_to_all_single(a2a, np.concatenate(sent[i]), [split[a][i] for a in range(p)], split[i], group=group,
+                               algorithm="native")
+        np.testing.assert_array_equal(a2a, np.concatenate([sent[a][i] for a in range(p)]))
+        dist.barrier(group=group, algorithm="native")
+        checks += 6
+    return checks
+
+
+def _native_world() -> int:
+    n = _native()
+    odd = [r for r in range(dist.get_world_size()) if r % 2]
+    if dist.get_rank() in odd:  # a sub-communicator whose ranks differ from the world's
+        n += _native(odd)
+    return n
+
+
+@pytest.mark.parametrize("p", [4, 8])
+def test_native_collectives_agree_with_numpy(p):
+    res = launch(_native_world, p, timeout=60, backend="mpi")
+    assert min(res) >= 3 * 14 + 18
+
+
+def test_native_needs_mpi_and_says_so():
+    def fn():
+        dist.all_reduce(np.ones(2), algorithm="native")
+
+    with pytest.raises(RankError, match="needs the MPI backend"):
+        launch(fn, 2)
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import minidist as md
+
+rank = md.dist.init(backend="mpi")
+mesh = md.dist.init_device_mesh((2, 2), ("dp", "tp"))
+x = np.arange(5, dtype=np.float64) * (rank + 1)
+md.dist.all_reduce(x, group=mesh.get_group("dp"))
+y = np.full(3, float(rank))
+md.dist.all_reduce(y, group=mesh.get_group("tp"), algorithm="native")
+np.save(f"{sys.argv[1]}/{rank}.npy", np.concatenate([x, y, [md.dist.now()]]))
+md.dist.destroy_process_group()
+"""
+
+
+def _script_body() -> np.ndarray:
+    rank = dist.get_rank()
+    mesh = dist.init_device_mesh((2, 2), ("dp", "tp"))
+    x = np.arange(5, dtype=np.float64) * (rank + 1)
+    dist.all_reduce(x, group=mesh.get_group("dp"))
+    return x, dist.now()
+
+
+def test_a_script_under_mpiexec_joins_with_init(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = subprocess.run([mpiexec_path(), "-n", "4", sys.executable, str(script), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    sim = launch(_script_body, 4)
+    for r in range(4):
+        got = np.load(tmp_path / f"{r}.npy")
+        want_x, _ = sim[r]
+        assert got[:5].tobytes() == want_x.tobytes()
+        tp_peers = [q for q in range(4) if q // 2 == r // 2]
+        np.testing.assert_array_equal(got[5:8], float(sum(tp_peers)))
+        assert got[8] > 0  # the simulated clock ran
+
+
+def test_training_dp2_tp2_is_bitwise_the_simulator():
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+    pc = md.parallel.ParallelConfig(dp=2, tp=2)
+    sim = md.parallel.train(cfg, pc, steps=3, global_batch=4)
+    mpi = md.parallel.train(cfg, pc, steps=3, global_batch=4, backend="mpi")
+    assert mpi.losses == sim.losses
+    assert mpi.time == sim.time and mpi.peak_memory == sim.peak_memory
+    for k in sim.params:
+        assert mpi.params[k].tobytes() == sim.params[k].tobytes(), k
+        assert mpi.grads[k].tobytes() == sim.grads[k].tobytes(), k
+
+
+def _leftovers() -> tuple[list, list]:
+    procs = []
+    for d in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            cmd = open(d, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "minidist.runtime.mpi_worker" in cmd:
+            procs.append(cmd)
+    folders = glob.glob(os.path.join(tempfile.gettempdir(), "minidist-mpi-*"))
+    return procs, folders
+
+
+def test_a_rank_that_raises_stops_the_job_named_with_nothing_left():
+    before = _leftovers()[1]
+
+    def fn():
+        if dist.get_rank() == 2:
+            raise ValueError("bad shard on rank two")
+        x = np.zeros(3)
+        dist.all_reduce(x)  # the others wait for rank 2, which never comes
+
+    t = time.monotonic()
+    with pytest.raises(RankError, match="rank 2 failed with ValueError: bad shard on rank two") as e:
+        launch(fn, 4, timeout=30, backend="mpi")
+    assert time.monotonic() - t < 15
+    assert "Traceback" in str(e.value)
+    procs, folders = _leftovers()
+    assert procs == [] and set(folders) <= set(before)
+
+
+def test_disagreeing_ranks_are_named_under_mpi():
+    def fn():
+        x = np.zeros(4 if dist.get_rank() == 0 else 5)
+        dist.all_reduce(x, algorithm="ring")
+
+    with pytest.raises(RankError, match="MismatchError|disagree|does not fit"):
+        launch(fn, 2, timeout=30, backend="mpi")
+
+
+def test_a_wait_that_never_ends_times_out_naming_it():
+    def fn():
+        if dist.get_rank() == 1:
+            dist.recv(np.zeros(2), 0, tag=7)  # rank 0 never sends
+
+    t = time.monotonic()
+    with pytest.raises(RankError, match=r"CommTimeoutError: rank 1 waited .* recv\(src=0, tag=7\)"):
+        launch(fn, 2, timeout=2, backend="mpi")
+    assert time.monotonic() - t < 15
+    assert _leftovers()[0] == []
+
+
+def test_a_rank_looping_forever_is_stopped_after_the_timeout():
+    def fn():
+        if dist.get_rank() == 0:
+            while True:
+                time.sleep(0.01)
+
+    t = time.monotonic()
+    with pytest.raises(RankError, match="DeadlineExceeded"):
+        launch(fn, 2, timeout=2, backend="mpi")
+    assert time.monotonic() - t < 15
+    assert _leftovers()[0] == []
+
+
+def test_backend_arguments_are_checked():
+    with pytest.raises(ValueError, match="backend must be"):
+        launch(lambda: None, 2, backend="nccl")
+    with pytest.raises(ValueError, match="start_method applies to backend='sim'"):
+        launch(lambda: None, 2, backend="mpi", start_method="spawn")
+    with pytest.raises(ValueError, match="faults and restarts"):
+        md.parallel.train(md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2),
+                          restart=True, backend="mpi")
