@@ -13,24 +13,28 @@ with its tag; a message nobody asked for yet is set aside (its bytes received in
 someone does. The sender books its link on the simulated clock (``Clock.message``) and the header carries the
 times, so every rank's clock advances exactly as under the simulator, and every result is bitwise the same.
 
-Waits poll MPI's non-blocking requests (a short spin, then naps that grow to a millisecond) and time out
-like the simulator's. What MPI cannot tell: another rank's state (a timeout report names this rank's wait
-only) and a refusal back to the sender (the receiver that finds a message that does not fit raises, and the
-MPI launcher stops every rank).
+Waits poll MPI's non-blocking requests (MPI moves data only while polled: a spin of a few milliseconds
+when every rank has a core, then naps that grow to 0.2 ms) and time out like the simulator's. What MPI
+cannot tell: another rank's state (a timeout report names this rank's wait only) and a refusal back to
+the sender (the receiver that finds a message that does not fit raises, and the MPI launcher stops
+every rank).
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
 from minidist.runtime.errors import CommTimeoutError, MismatchError
 from minidist.runtime.shm import HEADER, SIG_MAX
-from minidist.runtime.transport import wire_signature
+from minidist.runtime.transport import spin_seconds, wire_signature
 
 HDR_TAG, DATA_TAG = 0, 1
 HDR_BYTES = HEADER.size + SIG_MAX
+SPIN = 2e-3  # seconds a wait polls before napping, when every rank has a core of its own
+NAP_MAX = 200e-6  # MPI moves a message (and a collective's schedule) only while it is polled
 
 
 def _fmt(shape, dtype) -> str:
@@ -120,6 +124,7 @@ class MPITransport:
         self.stash: dict[int, list[_Incoming]] = {}  # messages nobody asked for yet, by sender
         self.failed: list = []
         self.native: dict[tuple, object] = {}  # group ranks -> communicator, for MPI's own collectives
+        self.spin = SPIN if spin_seconds(self.world) > 0 else 0.0  # never poll a core another rank needs
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
@@ -274,8 +279,12 @@ class MPITransport:
     def pending(self) -> bool:
         return bool(self.sends or self.recv_q or self.incoming)
 
-    def wait(self, ops, timeout: float | None = None) -> None:
-        """Drive MPI until every op is done; after ``timeout`` seconds raise CommTimeoutError naming the wait."""
+    def wait(self, ops, timeout: float | None = None, yielding: bool = False) -> None:
+        """Drive MPI until every op is done; after ``timeout`` seconds raise CommTimeoutError naming the wait.
+
+        ``yielding``: between polls give the core away instead of napping (MPI's own collectives advance
+        their schedules only while polled, one step per poll, so a nap per step would stretch them).
+        """
         timeout = self.timeout if timeout is None else timeout
         t0 = time.monotonic()
         nap = 0.0
@@ -295,8 +304,10 @@ class MPITransport:
                     f"are not visible from here)", {self.rank: "waiting"})
             if moved:
                 nap = 0.0
-            elif now - t0 > 50e-6:  # a short spin, then naps growing to a millisecond
-                nap = min(1e-3, nap * 2 or 20e-6)
+            elif yielding:
+                os.sched_yield()
+            elif now - t0 > self.spin:  # polled long enough: nap, longer each time, up to NAP_MAX
+                nap = min(NAP_MAX, nap * 2 or 10e-6)
                 time.sleep(nap)
 
     def _raise_failed(self, ops) -> None:
@@ -334,7 +345,7 @@ class MPITransport:
         pass
 
     def wait_native(self, req, name: str) -> None:
-        self.wait([_NativeOp(req, name)])
+        self.wait([_NativeOp(req, name)], yielding=True)
 
     def group_comm(self, ranks: tuple):
         """The MPI communicator of a process group (made by its members on first use, then kept)."""

@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 import minidist.dist as dist
+from minidist.estimate.comm import algorithm_bandwidth, bus_bandwidth
 from minidist.runtime import cma, launch
+from minidist.runtime.mpi_launch import mpi_available
 
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26)  # 1 KB, 16 KB, 256 KB, 4 MB, 64 MB
 OPS = ("all_reduce", "all_gather", "all_to_all")
@@ -140,6 +142,49 @@ def run_minidist(p: int, sizes=SIZES, ops=OPS, extra_algorithms=("ring", "halvin
     return {key: (max(r[key][0] for r in res), sum(r[key][1] for r in res) / p) for key in res[0]}
 
 
+def _mpi_backend_worker(sizes, ops, alg):
+    """Wall and simulated seconds per call, minidist's own algorithm (or MPI's with alg='native') under MPI."""
+    p = dist.get_world_size()
+    out = {}
+    for op in ops:
+        for n in sizes:
+            k = n // 4
+            x = np.zeros(k, np.float32)
+            y = np.empty(k, np.float32)
+            piece = np.ones(k // p, np.float32)
+            call = _minidist_call(op, x, y, piece, alg)
+            it = max(3, iterations(n) // 3)
+            for _ in range(2):
+                call()
+            dist.barrier()
+            t0, s0 = time.perf_counter(), dist.now()
+            for _ in range(it):
+                call()
+            out[op, n] = ((time.perf_counter() - t0) / it, (dist.now() - s0) / it)
+    return out
+
+
+def mpi_backend_table(p: int, mpich: dict | None) -> None:
+    """nccl-tests style: measured time, the simulated clock's estimate, algbw and busbw, per mode."""
+    print(f"\nMPI backend, {p} ranks (time = wall per call on the slowest rank; estimated = the simulated clock "
+          f"on the modelled DGX H100 node; bandwidths in GB/s from the measured time)")
+    print(f"{'op':11} {'size':>6} {'mode':>8} {'time':>11} {'estimated':>11} {'algbw':>7} {'busbw':>7} "
+          f"{'MPICH':>11} {'ratio':>6}")
+    for alg, mode in ((None, "own"), ("native", "native")):
+        res = launch(_mpi_backend_worker, p, args=(list(SIZES), list(OPS), alg), timeout=900, backend="mpi",
+                     quiet=True)
+        for op in OPS:
+            for n in SIZES:
+                wall = max(r[op, n][0] for r in res)
+                est = max(r[op, n][1] for r in res)
+                m = (mpich or {}).get((op, n))
+                ratio = f"{wall / m:6.2f}" if m else "     -"
+                mt = f"{m * 1e6:9.1f}us" if m else "          -"
+                print(f"{op:11} {_fmt_size(n):>6} {mode:>8} {wall * 1e6:9.1f}us {est * 1e6:9.2f}us "
+                      f"{algorithm_bandwidth(n, wall) / 1e9:7.2f} {bus_bandwidth(op, n, p, wall) / 1e9:7.2f} "
+                      f"{mt} {ratio}")
+
+
 def _fmt_size(n: int) -> str:
     return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
 
@@ -203,6 +248,11 @@ def main() -> None:
             rs = _ratios(mds, mpis, ("all_reduce", SIZES[-1], alg), ("all_reduce", SIZES[-1]))
             extra = f", ratio {statistics.median(rs):.2f}" if rs else ""
             print(f"  {_fmt_size(SIZES[-1])} all_reduce algorithm={alg}: {t * 1e3:.1f} ms{extra}")
+        if mpi_available() is None:
+            mpich = {k: statistics.median(x[k] for x in mpis) for k in mpis[0]} if mpis else None
+            mpi_backend_table(p, mpich)
+        else:
+            print(f"(MPI backend not measured: {mpi_available()})")
     lb = launch_barrier()
     print(f"\nlaunch + barrier, 8 ranks: min {min(lb):.3f} s, median {sorted(lb)[len(lb) // 2]:.3f} s")
     verdicts.append(("launch + barrier of 8 ranks under 1 s", min(lb) < 1.0, min(lb)))
