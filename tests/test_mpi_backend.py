@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -306,3 +307,65 @@ def test_backend_arguments_are_checked():
     with pytest.raises(ValueError, match="faults and restarts"):
         md.parallel.train(md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2),
                           restart=True, backend="mpi")
+
+
+LAUNCHING = """
+import time
+import minidist as md
+
+def body():
+    time.sleep(60)
+
+print("launching", flush=True)
+md.launch(body, 3, backend="mpi")
+"""
+
+
+def _launching(tmp_path):
+    script = tmp_path / "launching.py"
+    script.write_text(LAUNCHING)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.readline() == b"launching\n"
+    return proc
+
+
+def _gone(deadline: float = 3.0) -> bool:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if _leftovers()[0] == []:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("delays", [[0.0, 0.3, 1.5], pytest.param([i * 0.25 for i in range(12)],
+                                                                  marks=pytest.mark.slow)])
+def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
+    """Ctrl-C (SIGINT) while mpiexec starts or the ranks run: KeyboardInterrupt within 1 s, no rank left."""
+    for delay in delays:
+        before = set(_leftovers()[1])
+        proc = _launching(tmp_path)
+        time.sleep(delay)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"SIGINT {delay} s into an MPI launch was lost")
+        assert b"KeyboardInterrupt" in err, (delay, err[-800:])
+        assert time.monotonic() - t0 < 1.0
+        assert _gone(), f"ranks left after an interrupt {delay} s in"
+        assert set(_leftovers()[1]) <= before
+
+
+@pytest.mark.parametrize("delays", [[0.3, 1.5], pytest.param([i * 0.25 for i in range(12)],
+                                                             marks=pytest.mark.slow)])
+def test_a_killed_launcher_takes_its_mpi_ranks_with_it(tmp_path, delays):
+    for delay in delays:
+        proc = _launching(tmp_path)
+        time.sleep(delay)
+        proc.kill()
+        proc.communicate()
+        assert _gone(), f"MPI ranks orphaned by a launcher killed {delay} s in"

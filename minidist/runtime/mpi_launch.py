@@ -119,7 +119,8 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
     folder = tempfile.mkdtemp(prefix="minidist-mpi-")
     live = LiveView(world_size, quiet)
     job = _Job(world_size, folder, live)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               MINIDIST_MPI_LAUNCHER=str(os.getpid()))
     cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, "-m", "minidist.runtime.mpi_worker", folder]
     proc = None
     t0 = time.monotonic()

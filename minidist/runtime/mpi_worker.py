@@ -12,7 +12,10 @@ report and then aborts the whole MPI job, so no peer waits for it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import threading
+import time
 import traceback
 
 import dill
@@ -66,7 +69,31 @@ def stop_rank() -> None:
             context.set_current(None)
 
 
+def _die_with_launcher(parent: int, folder: str) -> None:
+    """A watchdog thread: if the launching process dies (killed, or its kernel restarted), end this rank.
+
+    mpiexec runs in a session of its own (so that the launcher can stop it as a whole), which also keeps
+    it out of the launcher's death; without this a rank computing forever would outlive everyone.
+    """
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                shutil.rmtree(folder, ignore_errors=True)  # nobody is left to remove it
+                os._exit(1)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="minidist-launcher-watch", daemon=True).start()
+
+
 def _run(folder: str) -> None:
+    parent = os.environ.get("MINIDIST_MPI_LAUNCHER")
+    if parent:
+        _die_with_launcher(int(parent), folder)
     with open(os.path.join(folder, "payload"), "rb") as f:
         fn, args, kwargs, cluster, timeout = pickling.loads(f.read())
     ctx = start_rank(cluster, timeout)
