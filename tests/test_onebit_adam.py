@@ -59,7 +59,10 @@ def test_onebit_adam_trains_like_uncompressed_adam():
     exact = train_onebit_adam(CFG, 4, OneBitAdam(warmup=15, compress=False), steps=100, global_batch=16)
     onebit = train_onebit_adam(CFG, 4, OneBitAdam(warmup=15), steps=100, global_batch=16)
     end = [float(np.mean(r.losses[-10:])) for r in (exact, onebit)]
-    assert abs(end[1] - end[0]) < 0.05 * end[0], end
+    # No worse than exact Adam by more than 5%. Not "within 5% either way": the sign of a near-zero momentum
+    # entry flips with the last bit of a sum, so which run ends lower depends on the CPU's BLAS kernels (seen:
+    # 1-bit 8% lower on one machine, 1% higher on another); what the compression must not do is train worse.
+    assert end[1] < 1.05 * end[0], end
     assert end[1] < 0.9 * float(np.mean(exact.losses[:5]))  # and it did train
 
 
