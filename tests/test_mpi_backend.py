@@ -369,3 +369,31 @@ def test_a_killed_launcher_takes_its_mpi_ranks_with_it(tmp_path, delays):
         proc.kill()
         proc.communicate()
         assert _gone(), f"MPI ranks orphaned by a launcher killed {delay} s in"
+
+
+NOTEBOOK_CELL = """
+import numpy as np
+import minidist as md
+
+SCALE = 3
+
+def body(k):  # a notebook function using a notebook global: it travels by value to the MPI ranks
+    x = np.full(k, float(md.dist.get_rank() * SCALE))
+    md.dist.all_reduce(x)
+    print("sum", x[0])
+    return float(x[0])
+
+print(list(md.launch(body, 2, args=(2,), backend="mpi")))
+"""
+
+
+def test_a_notebook_cell_function_runs_under_mpi(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    from minidist.labs.execute import run_notebook
+
+    path = tmp_path / "mpi.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(NOTEBOOK_CELL)]), path)
+    outputs = run_notebook(path, timeout=120).cells[0].outputs
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert "[rank 0] sum 3.0" in text and "[rank 1] sum 3.0" in text and "[3.0, 3.0]" in text, outputs
