@@ -234,6 +234,18 @@ def test_training_dp2_tp2_is_bitwise_the_simulator():
         assert mpi.grads[k].tobytes() == sim.grads[k].tobytes(), k
 
 
+def test_training_with_mpis_own_collectives_matches_to_rounding():
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+    sim = md.parallel.train(cfg, md.parallel.ParallelConfig(dp=2, tp=2), steps=3, global_batch=4)
+    native = md.parallel.train(cfg, md.parallel.ParallelConfig(dp=2, tp=2, algorithm="native"), steps=3,
+                               global_batch=4, backend="mpi")
+    np.testing.assert_allclose(native.losses, sim.losses, rtol=1e-12)
+    for k in sim.params:
+        np.testing.assert_allclose(native.params[k], sim.params[k], rtol=1e-9, atol=1e-12, err_msg=k)
+    with pytest.raises(ValueError, match="needs backend='mpi'"):
+        md.parallel.train(cfg, md.parallel.ParallelConfig(dp=2, algorithm="native"), steps=1, global_batch=4)
+
+
 def _leftovers() -> tuple[list, list]:
     procs = []
     for d in glob.glob("/proc/[0-9]*/cmdline"):

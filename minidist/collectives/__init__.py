@@ -100,7 +100,10 @@ def offered(collective: str, algorithm: str | None) -> str | None:
 
     A training layout names one algorithm for all its collectives, as NCCL_ALGO does: the gradient
     all-reduce takes it, and a broadcast or all-to-all that has no such algorithm keeps the default.
+    ``"native"`` (MPI's own collectives, under the MPI backend) is offered by every collective.
     """
+    if algorithm == "native":
+        return algorithm
     return algorithm if algorithm in ALGORITHMS[collective] else None
 
 

@@ -129,9 +129,9 @@ class ParallelConfig:
                              "reduce-scatters behind the matmuls; set sequence_parallel=True (and tp > 1)")
         if self.pp_balance not in ("even", "measured"):
             raise ValueError(f"ParallelConfig: pp_balance must be 'even' or 'measured', got {self.pp_balance!r}")
-        if self.algorithm is not None and self.algorithm not in known_algorithms():
-            raise ValueError(f"ParallelConfig: algorithm must be None (the runtime chooses) or one of "
-                             f"{known_algorithms()}, got {self.algorithm!r}")
+        if self.algorithm is not None and self.algorithm not in known_algorithms() + ["native"]:
+            raise ValueError(f"ParallelConfig: algorithm must be None (the runtime chooses), one of "
+                             f"{known_algorithms()} or 'native' (MPI's own, backend='mpi'), got {self.algorithm!r}")
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
         if self.compression is not None:

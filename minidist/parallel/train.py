@@ -224,6 +224,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
             raise ValueError(f"parallel.train: checkpoints need checkpoint_dir (and checkpoint_every None or an int "
                              f">= 1), got {checkpoint_dir!r} and {checkpoint_every!r}")
         plan = CheckpointPlan(str(checkpoint_dir), checkpoint_every, bool(async_checkpoint))
+    if pc.algorithm == "native" and backend != "mpi":
+        raise ValueError("parallel.train: algorithm='native' runs MPI's own collectives: it needs backend='mpi'")
     if backend == "mpi" and (faults is not None or restart):
         raise ValueError("parallel.train: faults and restarts are simulated on the shared-memory backend only "
                          "(backend='sim')")
