@@ -17,8 +17,8 @@ columns), ``f`` (MLP) and ``v`` (vocabulary), ``e`` bytes per element, ``pairs =
   bytes; the backward reads the probabilities twice.
 - activations kept for the backward per block: ``e (t (19 h' + 4 f + 2) + pairs)`` on one device
   (measured from the autograd graph and explained in ``activation_bytes``).
-The ops of sequence parallelism, context parallelism and mixture-of-experts layers are not listed
-yet: ``check_supported`` refuses those layouts by name.
+A mixture of experts in place of the MLP is listed in ``moe_ops.py``; sequence parallelism is not listed
+yet: ``check_supported`` refuses what is not covered by name.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ class Shard:
     tp: int = 1
     e: int = 8
     cp: int = 1
+    n_experts: int = 0  # a mixture of experts in place of the MLP (moe_ops.py): E experts, top_k per token,
+    top_k: int = 0  # split over ep ranks, routing counts gathered over the ``count`` ranks of the data group
+    ep: int = 1
+    count: int = 1
 
     @property
     def t(self) -> int:
@@ -159,9 +163,9 @@ def _ring(x: Shard, backward: bool) -> Op:
     return Op(name, 0, 2 * e * x.t * x.hq, "ring", "cp", steps=steps)
 
 
-def block_forward(x: Shard) -> list[Op]:
+def block_forward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
     """ln1, q/k/v (+bias), attention, merge heads, out projection (+g, +bias), residual; ln2, fc1 (+bias),
-    GELU, fc2 (+g, +bias), residual."""
+    GELU, fc2 (+g, +bias), residual. ``mlp``: other ops in place of fc1 .. fc2's bias (a mixture of experts)."""
     t, h, hq, f, e = x.t, x.h, x.hq, x.f, x.e
     d = h // x.heads
     ln = Op("layer_norm", 8 * t * h, 2 * e * t * h)
@@ -178,23 +182,23 @@ def block_forward(x: Shard) -> list[Op]:
     ops.append(_matmul(t, hq, h, e))
     if x.tp > 1:
         ops.append(_all_reduce(e * t * h))
-    ops += [_add(t * h, h, e), _add(t * h, t * h, e), ln, _matmul(t, h, f, e), _add(t * f, f, e),
-            Op("gelu", (TRANSCENDENTAL + 7) * t * f, 2 * e * t * f), _matmul(t, f, h, e)]
-    if x.tp > 1:
-        ops.append(_all_reduce(e * t * h))
-    return ops + [_add(t * h, h, e), _add(t * h, t * h, e)]
+    ops += [_add(t * h, h, e), _add(t * h, t * h, e), ln]
+    if mlp is None:
+        mlp = [_matmul(t, h, f, e), _add(t * f, f, e), Op("gelu", (TRANSCENDENTAL + 7) * t * f, 2 * e * t * f),
+               _matmul(t, f, h, e)] + ([_all_reduce(e * t * h)] if x.tp > 1 else []) + [_add(t * h, h, e)]
+    return ops + mlp + [_add(t * h, t * h, e)]
 
 
-def block_backward(x: Shard) -> list[Op]:
+def block_backward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
     """The forward's ops in reverse; each weight's gradient is final after the op that computes it."""
     t, h, hq, f, e = x.t, x.h, x.hq, x.f, x.e
     d = h // x.heads
     ln = _done(Op("layer_norm.backward", 10 * t * h, 3 * e * t * h), h, h)
-    ops = [_add_backward(t * h, t * h, e), _done(_add_backward(t * h, h, e), h),
-           *_row_parallel_backward(t, f, h, e, x.tp), Op("gelu.backward", 10 * t * f, 3 * e * t * f),
-           _done(_add_backward(t * f, f, e), f), _done(_matmul_backward(t, h, f, e), h * f)]
-    if x.tp > 1:
-        ops.append(_all_reduce(e * t * h))
+    if mlp is None:
+        mlp = [_done(_add_backward(t * h, h, e), h), *_row_parallel_backward(t, f, h, e, x.tp),
+               Op("gelu.backward", 10 * t * f, 3 * e * t * f), _done(_add_backward(t * f, f, e), f),
+               _done(_matmul_backward(t, h, f, e), h * f)] + ([_all_reduce(e * t * h)] if x.tp > 1 else [])
+    ops = [_add_backward(t * h, t * h, e), *mlp]
     # the merge of heads needs no copy back: the incoming gradient is contiguous, its reshape a view
     ops += [ln, _add_backward(t * h, t * h, e), _done(_add_backward(t * h, h, e), h),
             *_row_parallel_backward(t, hq, h, e, x.tp)]

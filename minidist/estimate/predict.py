@@ -12,7 +12,9 @@ constants, the same cluster, no fitted efficiency.
 
 Covered here: any ``dp`` and ``tp`` (Megatron's layout, no sequence parallelism), gradient accumulation,
 ZeRO stages 0-2, on dense GPTs with minidist's defaults (GELU MLP, layer norm, biases, multi-head
-attention, untied embeddings). Other layouts raise ValueError naming what is not modelled yet.
+attention, untied embeddings); and mixtures of experts over ``dp`` and ``ep`` (``moe_ops.py``: exact when
+every token goes to every expert, the balanced case otherwise). Other layouts raise ValueError naming
+what is not modelled yet.
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ from minidist.estimate.gpt_ops import (
     head_backward,
     head_forward,
     optimizer_bytes,
+)
+from minidist.estimate.moe_ops import (
+    moe_block_activation_bytes,
+    moe_block_backward,
+    moe_block_forward,
+    moe_head_backward,
+    moe_head_forward,
+    moe_parameters,
 )
 from minidist.estimate.pipeline import stage_orders
 from minidist.estimate.sharded_step import sharded_step
@@ -61,7 +71,7 @@ def _groups(parallel, cluster: Cluster) -> dict[str, tuple[int, list[int]]]:
     shape = [getattr(parallel, a) for a in AXES]
     ranks = np.arange(int(np.prod(shape))).reshape(shape)
     out = {}
-    for name, axes in {**{a: (a,) for a in AXES}, "grad": ("dp", "ep", "cp")}.items():
+    for name, axes in {**{a: (a,) for a in AXES}, "grad": ("dp", "ep", "cp"), "expert": ("dp", "cp")}.items():
         sel = tuple(slice(None) if a in axes else 0 for a in AXES)
         members = ranks[sel].reshape(-1)
         nodes = np.bincount(members // cluster.gpus_per_node)
@@ -74,6 +84,8 @@ def runtime_algorithm(op: str, nbytes: float, p: int, per_node: list[int], clust
     latency-bound one, above it the ring, or the hierarchical all-reduce across nodes of equal share."""
     if op in ("broadcast", "reduce"):
         return "tree"
+    if op == "all_to_all":
+        return "pairwise"
     if p == 1:
         return "ring"
     link = cluster.inter_link if len(per_node) > 1 else cluster.intra_link
@@ -119,8 +131,13 @@ def check_supported(model, parallel) -> None:
         missing.append("pipelines other than gpipe, 1f1b and interleaved with ZeRO <= 1 and an even cut of the layers")
     if parallel.cp > 1 and (parallel.cp_method != "ring" or parallel.cp_layout != "zigzag"):
         missing.append("context parallelism other than ring attention on the zigzag layout")
-    if parallel.ep > 1 or model.n_experts:
-        missing.append("mixture-of-experts layers")
+    if parallel.ep > 1 and not model.n_experts:
+        missing.append("expert parallelism without experts")
+    if model.n_experts and (parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or parallel.zero_stage
+                            or parallel.fsdp or parallel.recompute is not None):
+        missing.append("mixture-of-experts layers with tp, pp, cp, ZeRO or recomputation (dp and ep are covered)")
+    if model.n_experts and (model.capacity_factor is not None or model.shared_expert):
+        missing.append("mixture-of-experts layers with a capacity limit or a shared expert")
     if parallel.fsdp:
         missing.append("FSDP's root unit")
     if parallel.zero_stage == 3 and (parallel.pp > 1 or parallel.recompute is not None):
@@ -180,10 +197,16 @@ class _Stage:
     def __init__(self, x: Shard, segments: list[tuple[int, bool]], first: bool, last: bool) -> None:
         self.first, self.last = first, last
         acts = activation_bytes(x)
+        forward_ops, backward_ops = block_forward, block_backward
+        head_fwd, head_bwd = head_forward(x), head_backward(x)
+        if x.n_experts:  # every block's MLP is a mixture of experts (moe_ops.py); the loss adds their aux losses
+            acts["block"] = moe_block_activation_bytes(x)
+            forward_ops, backward_ops = moe_block_forward, moe_block_backward
+            head_fwd, head_bwd = moe_head_forward(x, len(segments)), moe_head_backward(x, len(segments))
         fwd, bwd, held, rebuilt, freed, self.rebuilt_after_frees = [], [], 0.0, 0.0, 0.0, 0.0
         for k, checkpointed in segments:
-            fwd += block_forward(x) * k
-            bwd = (block_forward(x) * k if checkpointed else []) + block_backward(x) * k + bwd
+            fwd += forward_ops(x) * k
+            bwd = (forward_ops(x) * k if checkpointed else []) + backward_ops(x) * k + bwd
             held += x.t * x.h * x.e if checkpointed else k * acts["block"]  # a checkpoint keeps its output only
             rebuilt = max(rebuilt, k * acts["block"] if checkpointed else 0.0)
         for k, checkpointed in reversed(segments):
@@ -192,16 +215,16 @@ class _Stage:
             if checkpointed:
                 self.rebuilt_after_frees = max(self.rebuilt_after_frees, k * acts["block"] - freed)
             freed += x.t * x.h * x.e if checkpointed else k * acts["block"]
-        self.forward = (embed_forward(x) if first else []) + fwd + (head_forward(x) if last else [])
-        self.backward = (head_backward(x) if last else []) + bwd + (embed_backward(x) if first else [])
+        self.forward = (embed_forward(x) if first else []) + fwd + (head_fwd if last else [])
+        self.backward = (head_bwd if last else []) + bwd + (embed_backward(x) if first else [])
         self.held = held + (acts["embed"] if first else 0.0) + (acts["head"] if last else 0.0)
         self.rebuilt = rebuilt
         # the activations alive while each backward op runs: a segment lets go of its memory (and of what it
         # rebuilt) when its input's gradient is in, after the gradients of its weights
         alive, left = [], self.held
-        alive += [left] * (len(head_backward(x)) if last else 0)
+        alive += [left] * (len(head_bwd) if last else 0)
         for k, checkpointed in reversed(segments):
-            ops = (len(block_forward(x)) if checkpointed else 0) * k + len(block_backward(x)) * k
+            ops = (len(forward_ops(x)) if checkpointed else 0) * k + len(backward_ops(x)) * k
             alive += [left + (k * acts["block"] if checkpointed else 0.0)] * ops
             left -= x.t * x.h * x.e if checkpointed else k * acts["block"]
         alive += [left] * (len(embed_backward(x)) if first else 0)
@@ -235,14 +258,18 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     bw = cluster.gpu.hbm_bw
     tp, dp, pp, m, L = parallel.tp, parallel.dp, parallel.pp, parallel.microbatches, model.n_layers
     v = parallel.virtual_stages
-    if global_batch % (dp * m):
-        raise ValueError(f"predict_train: global_batch={global_batch} must split evenly over dp x microbatches "
-                         f"= {dp * m} (uneven splits are not modelled)")
+    dp_ep = dp * parallel.ep  # the ranks that split the batch (experts live on ep ranks, the tokens too)
+    if global_batch % (dp_ep * m):
+        raise ValueError(f"predict_train: global_batch={global_batch} must split evenly over dp x ep x microbatches "
+                         f"= {dp_ep * m} (uneven splits are not modelled)")
     groups = _groups(parallel, cluster)
     shards = groups["grad"][0]  # the replicas of a weight: dp x cp (x ep), over which gradients are summed
     cp = parallel.cp
-    x = Shard(global_batch // (dp * m), model.seq_len // cp, model.d_model, model.n_heads, model.d_ff,
-              model.vocab_size, tp, e, cp)
+    if model.n_experts and model.n_experts % parallel.ep:
+        raise ValueError(f"predict_train: {model.n_experts} experts cannot be split over ep={parallel.ep} ranks")
+    x = Shard(global_batch // (dp_ep * m), model.seq_len // cp, model.d_model, model.n_heads, model.d_ff,
+              model.vocab_size, tp, e, cp, model.n_experts, model.top_k if model.n_experts else 0, parallel.ep,
+              groups["grad"][0])
     algorithm = parallel.algorithm
 
     def cost(op: Op) -> float:
@@ -268,6 +295,12 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     # a rank's parameters, in the order their gradients finish: its virtual stages from the last
     finish = [[n for c in reversed(range(v)) for n in stages[c * pp + r].finish_order] for r in range(pp)]
     buckets = [_buckets(f, parallel.bucket_bytes / e, shards) for f in finish]
+    if x.n_experts:  # two reducers (expert_data_parallel.py): dense weights over the data group, experts over dp
+        dense, experts = moe_parameters(x, L)
+        buckets = [_buckets(dense[::-1], parallel.bucket_bytes / e, shards)]
+        expert_bks = [b for ex in experts[::-1] for b in _buckets(ex[::-1], parallel.bucket_bytes / e,
+                                                                      groups["expert"][0])]
+        finish = [dense + [n for ex in experts for n in ex]]
     stage = parallel.zero_stage
     reduce_op = "all_reduce" if stage == 0 else "reduce_scatter"
     # held from a pass's forward to its backward: its units' activations, the received input (not on the first
@@ -291,6 +324,9 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
         starts = [r.compute for r in ranks]
         if stage == 3:
             padded3, peak3 = sharded_step(ranks[0], x, L, m, shards, parallel.prefetch, run, cost)
+        elif x.n_experts:
+            _moe_step(ranks[0], stages[0], m, buckets[0], expert_bks, run, cost, e)
+            peak_acts[0] = held[0]
         elif pp == 1:
             buffered = _single_stage_step(ranks[0], stages[0], buckets[0], m, shards, stage, reduce_op, run, cost,
                                           e)
@@ -325,12 +361,17 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
               "buffers": 0.0}
     if sum(buffered) > peak_acts[worst]:  # ZeRO-2's gradient buckets, late in a backward that kept little
         memory["activations"], memory["buffers"] = buffered
+    if x.n_experts:
+        padded += sum(n for _, n in expert_bks)
+        memory.update(params=padded * e, grads=padded * e, optimizer=padded * e * MOMENTS[optimizer])
     if stage == 3:
         shard = sum(padded3) // shards
         memory = {"params": shard * e, "grads": shard * e, "optimizer": shard * e * MOMENTS[optimizer], **peak3}
     memory["total"] = sum(memory.values())
     slow = int(np.argmax(windows))
     terms = {k: ranks[slow].terms.get(k, 0.0) / steps for k in ("compute", "tp", "pp", "dp", "optimizer")}
+    if x.n_experts:  # the routing's own communication: the count exchange and the all-to-alls
+        terms["ep"] = sum(ranks[slow].terms.get(k, 0.0) for k in ("ep", "grad")) / steps
     return Prediction(max(windows), terms, memory)
 
 
@@ -360,6 +401,19 @@ def _single_stage_step(st, stage, buckets, m, dp, zero, reduce_op, run, cost, e)
         if ends:
             st.wait(max(ends), "dp")
     return largest
+
+
+def _moe_step(st, stage, m, dense_buckets, expert_buckets, run, cost, e) -> None:
+    """Micro-batches one after another, each gradient accumulated locally; then, as ``ExpertDataParallel``
+    does, every dense bucket's all-reduce over the data group, a wait, every expert bucket's over its
+    replicas (dp), a wait: no reduction overlaps the backward."""
+    for _ in range(m):
+        run(st, stage.forward)
+        run(st, stage.backward)
+    for bks, axis in ((dense_buckets, "grad"), (expert_buckets, "expert")):
+        ends = [st.launch(cost(Op("all_reduce", 0, n * e, "all_reduce", axis))) for _, n in bks]
+        if ends:
+            st.wait(max(ends), "dp")
 
 
 def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, peak_acts, held) -> None:
