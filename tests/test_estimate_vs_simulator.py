@@ -117,9 +117,13 @@ def test_parameter_units_follow_registration_order():
 def test_unmodelled_layouts_are_refused_by_name():
     with pytest.raises(ValueError, match="context parallelism other than ring"):
         predict_train(CFG, ParallelConfig(cp=2, cp_method="ulysses"), BATCH)
-    with pytest.raises(ValueError, match="grouped-query"):
+    with pytest.raises(ValueError, match="grouped-query attention with context parallelism"):
         predict_train(GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2),
-                      ParallelConfig(), BATCH)
+                      ParallelConfig(cp=2), BATCH)
+    with pytest.raises(ValueError, match="tied embeddings"):
+        predict_train(GPTConfig(**{**CFG.__dict__, "tie_embeddings": True}), ParallelConfig(), BATCH)
+    with pytest.raises(ValueError, match="capacity limit"):
+        predict_train(GPTConfig(**{**MOE.__dict__, "capacity_factor": 1.0}), ParallelConfig(ep=2), BATCH)
 
 
 def test_arguments_are_checked_by_name():
@@ -195,3 +199,48 @@ def test_mixture_of_experts_ops_are_the_autograd_charges():
     model = GPT(MOE)
     sizes = [p.data.size for n, p in model.named_parameters()]
     assert sum(dense) + sum(map(sum, experts)) * x.ep == sum(sizes)
+
+
+# LLaMA's block (grouped-query attention, SwiGLU, RMS norm, no biases) and each feature alone
+LLAMA = GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, mlp="swiglu",
+                  norm="rmsnorm", bias=False)
+LLAMA_LAYOUTS = {
+    "llama 1 device": ParallelConfig(),
+    "llama dp2 x tp2": ParallelConfig(dp=2, tp=2),
+    "llama pp2 1f1b x4": ParallelConfig(pp=2, microbatches=4),
+    "llama pp2 x tp2 x dp2": ParallelConfig(pp=2, tp=2, dp=2, microbatches=2),
+    "llama dp2 zero3": ParallelConfig(dp=2, zero_stage=3),
+    "llama recompute full": ParallelConfig(recompute="full"),
+}
+
+
+def test_llama_blocks_are_predicted_exactly():
+    _, errors = _compare(LLAMA, LLAMA_LAYOUTS)
+    features = {"gqa": {"n_kv_heads": 2}, "swiglu": {"mlp": "swiglu"}, "rmsnorm": {"norm": "rmsnorm"},
+                "no bias": {"bias": False}, "mqa": {"n_kv_heads": 1}}
+    for name, kw in features.items():
+        cfg = GPTConfig(**{**CFG.__dict__, **kw})
+        layouts = {f"{name} dp2": ParallelConfig(dp=2)}
+        if name != "mqa":
+            layouts[f"{name} tp2"] = ParallelConfig(tp=2)
+        if "n_kv_heads" not in kw:
+            layouts[f"{name} cp2"] = ParallelConfig(cp=2)
+        errors.update(_compare(cfg, layouts)[1])
+    bad = {k: v for k, v in errors.items() if abs(v[0]) > 1e-9 or abs(v[1]) > 1e-9}
+    assert not bad, f"prediction differs from the simulator: {bad}"
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llama_op_list_is_the_autograd_charge_list(tp):
+    run = md.parallel.train(LLAMA, ParallelConfig(tp=tp), steps=1, global_batch=2)
+    t0, t1 = run.windows[0][0]
+    sim = [(e.name, e.flops, e.nbytes) for e in run.trace
+           if e.rank == 0 and e.stream == "compute" and t0 <= e.start < t1 and (e.flops or e.nbytes)]
+    x = gpt_ops.Shard(2, LLAMA.seq_len, LLAMA.d_model, LLAMA.n_heads, LLAMA.d_ff, LLAMA.vocab_size, tp, 8,
+                      kv_heads=2, mlp="swiglu", norm="rmsnorm", bias=False)
+    L = LLAMA.n_layers
+    ops = (gpt_ops.embed_forward(x) + gpt_ops.block_forward(x) * L + gpt_ops.head_forward(x)
+           + gpt_ops.head_backward(x) + gpt_ops.block_backward(x) * L + gpt_ops.embed_backward(x))
+    assert sim[:-1] == [(o.name, o.flops, o.nbytes) for o in ops if o.kind == "compute"]
+    if tp == 1:  # the gradients finish in the reverse of the order the parameters were registered
+        assert gpt_ops.parameters(x, L) == [p.data.size for _, p in GPT(LLAMA).named_parameters()]

@@ -65,6 +65,10 @@ class Shard:
     top_k: int = 0  # split over ep ranks, routing counts gathered over the ``count`` ranks of the data group
     ep: int = 1
     count: int = 1
+    kv_heads: int = 0  # grouped-query attention: key/value heads (0: as many as query heads)
+    mlp: str = "gelu"  # or "swiglu"
+    norm: str = "layernorm"  # or "rmsnorm"
+    bias: bool = True
 
     @property
     def t(self) -> int:
@@ -81,6 +85,19 @@ class Shard:
     @property
     def v(self) -> int:
         return self.vocab // self.tp
+
+    @property
+    def kv(self) -> int:
+        """Local key/value width: every head's keys when ``kv_heads`` is 0, fewer under grouped-query attention."""
+        return self.h // self.heads * (self.kv_heads or self.heads) // self.tp
+
+    @property
+    def gqa(self) -> bool:
+        return bool(self.kv_heads) and self.kv_heads != self.heads
+
+    @property
+    def kv_copied(self) -> bool:
+        return (self.kv_heads or self.heads) // self.tp > 1 and self.s > 1
 
     @property
     def pairs(self) -> int:
@@ -163,15 +180,64 @@ def _ring(x: Shard, backward: bool) -> Op:
     return Op(name, 0, 2 * e * x.t * x.hq, "ring", "cp", steps=steps)
 
 
+def _norm(x: Shard) -> Op:
+    t, h, e = x.t, x.h, x.e
+    if x.norm == "rmsnorm":
+        return Op("rms_norm", 5 * t * h, 2 * e * t * h)
+    return Op("layer_norm", 8 * t * h, 2 * e * t * h)
+
+
+def _norm_backward(x: Shard) -> Op:
+    t, h, e = x.t, x.h, x.e
+    if x.norm == "rmsnorm":
+        return _done(Op("rms_norm.backward", 7 * t * h, 3 * e * t * h), h)
+    return _done(Op("layer_norm.backward", 10 * t * h, 3 * e * t * h), *((h, h) if x.bias else (h,)))
+
+
+def _linear(rows: int, k: int, n: int, x: Shard, bias: bool = True) -> list[Op]:
+    """A linear layer's product and, when the model has biases (and ``bias``: a row-parallel layer adds its
+    bias after the reduction), its bias."""
+    return [_matmul(rows, k, n, x.e)] + ([_add(rows * n, n, x.e)] if x.bias and bias else [])
+
+
+def _linear_backward(rows: int, k: int, n: int, x: Shard) -> list[Op]:
+    return ([_done(_add_backward(rows * n, n, x.e), n)] if x.bias else []) + \
+        [_done(_matmul_backward(rows, k, n, x.e), k * n)]
+
+
+def _mlp_forward(x: Shard) -> list[Op]:
+    t, h, f, e = x.t, x.h, x.f, x.e
+    down = [_matmul(t, f, h, e)] + ([_all_reduce(e * t * h)] if x.tp > 1 else []) + \
+        ([_add(t * h, h, e)] if x.bias else [])
+    if x.mlp == "swiglu":
+        silu, mul = Op("silu", 7 * t * f, 2 * e * t * f), Op("mul", t * f, 3 * e * t * f)
+        gate, up = _linear(t, h, f, x), _linear(t, h, f, x)
+        if x.tp > 1:  # the column-parallel pair runs both products first
+            return gate + up + [silu, mul] + down
+        return gate + [silu] + up + [mul] + down
+    return _linear(t, h, f, x) + [Op("gelu", (TRANSCENDENTAL + 7) * t * f, 2 * e * t * f)] + down
+
+
+def _mlp_backward(x: Shard) -> list[Op]:
+    t, h, f, e = x.t, x.h, x.f, x.e
+    ops = ([_done(_add_backward(t * h, h, e), h)] if x.bias else []) + _row_parallel_backward(t, f, h, e, x.tp)
+    if x.mlp == "swiglu":
+        ops += [Op("mul.backward", 2 * t * f, 5 * e * t * f), *_linear_backward(t, h, f, x),
+                Op("silu.backward", 5 * t * f, 3 * e * t * f), *_linear_backward(t, h, f, x)]
+    else:
+        ops += [Op("gelu.backward", 10 * t * f, 3 * e * t * f), *_linear_backward(t, h, f, x)]
+    return ops + ([_all_reduce(e * t * h)] if x.tp > 1 else [])
+
+
 def block_forward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
-    """ln1, q/k/v (+bias), attention, merge heads, out projection (+g, +bias), residual; ln2, fc1 (+bias),
-    GELU, fc2 (+g, +bias), residual. ``mlp``: other ops in place of fc1 .. fc2's bias (a mixture of experts)."""
-    t, h, hq, f, e = x.t, x.h, x.hq, x.f, x.e
+    """norm1, q/k/v (+bias), the key/value heads repeated (grouped-query attention), attention, merge heads,
+    out projection (+g, +bias), residual; norm2, the MLP (fc1 (+bias), GELU, fc2; or SwiGLU's gate, up and
+    down), residual. ``mlp``: other ops in place of the MLP (a mixture of experts)."""
+    t, h, hq, e = x.t, x.h, x.hq, x.e
     d = h // x.heads
-    ln = Op("layer_norm", 8 * t * h, 2 * e * t * h)
-    ops = [ln]
-    for _ in "qkv":
-        ops += [_matmul(t, h, hq, e), _add(t * hq, hq, e)]
+    ops = [_norm(x), *_linear(t, h, hq, x), *_linear(t, h, x.kv, x), *_linear(t, h, x.kv, x)]
+    if x.gqa:  # keys and values repeated to every query head they serve
+        ops += [Op("cat", 0, 2 * e * t * hq)] * 2
     if x.cp > 1:
         ops.append(_ring(x, backward=False))
     else:
@@ -182,46 +248,42 @@ def block_forward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
     ops.append(_matmul(t, hq, h, e))
     if x.tp > 1:
         ops.append(_all_reduce(e * t * h))
-    ops += [_add(t * h, h, e), _add(t * h, t * h, e), ln]
-    if mlp is None:
-        mlp = [_matmul(t, h, f, e), _add(t * f, f, e), Op("gelu", (TRANSCENDENTAL + 7) * t * f, 2 * e * t * f),
-               _matmul(t, f, h, e)] + ([_all_reduce(e * t * h)] if x.tp > 1 else []) + [_add(t * h, h, e)]
-    return ops + mlp + [_add(t * h, t * h, e)]
+    ops += ([_add(t * h, h, e)] if x.bias else []) + [_add(t * h, t * h, e), _norm(x)]
+    return ops + (_mlp_forward(x) if mlp is None else mlp) + [_add(t * h, t * h, e)]
 
 
 def block_backward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
     """The forward's ops in reverse; each weight's gradient is final after the op that computes it."""
-    t, h, hq, f, e = x.t, x.h, x.hq, x.f, x.e
+    t, h, hq, e = x.t, x.h, x.hq, x.e
     d = h // x.heads
-    ln = _done(Op("layer_norm.backward", 10 * t * h, 3 * e * t * h), h, h)
-    if mlp is None:
-        mlp = [_done(_add_backward(t * h, h, e), h), *_row_parallel_backward(t, f, h, e, x.tp),
-               Op("gelu.backward", 10 * t * f, 3 * e * t * f), _done(_add_backward(t * f, f, e), f),
-               _done(_matmul_backward(t, h, f, e), h * f)] + ([_all_reduce(e * t * h)] if x.tp > 1 else [])
-    ops = [_add_backward(t * h, t * h, e), *mlp]
+    ops = [_add_backward(t * h, t * h, e), *(_mlp_backward(x) if mlp is None else mlp)]
     # the merge of heads needs no copy back: the incoming gradient is contiguous, its reshape a view
-    ops += [ln, _add_backward(t * h, t * h, e), _done(_add_backward(t * h, h, e), h),
-            *_row_parallel_backward(t, hq, h, e, x.tp)]
+    ops += [_norm_backward(x), _add_backward(t * h, t * h, e)]
+    ops += ([_done(_add_backward(t * h, h, e), h)] if x.bias else []) + _row_parallel_backward(t, hq, h, e, x.tp)
     if x.cp > 1:
         ops.append(_ring(x, backward=True))
     else:
         ops.append(Op("scaled_dot_product_attention.backward", 8 * d * x.pairs + 4 * x.pairs,
                       e * (3 * t * hq + 2 * x.pairs + 4 * t * hq)))
     for name in "vkq":
+        width = hq if name == "q" else x.kv
+        if x.gqa and name != "q":
+            ops.append(Op("cat.backward", 0, 2 * e * t * hq))
         # a gradient laid out (B, heads, T, d) is copied back into (B, T, heads d); ring attention builds q's in
         # q's own memory order (zeros_like keeps it), so only k's and v's are copied there
-        if x.heads_copied and not (name == "q" and x.cp > 1):
-            ops.append(Op("reshape.backward", 0, 2 * e * t * hq))
-        ops += [_done(_add_backward(t * hq, hq, e), hq), _done(_matmul_backward(t, h, hq, e), h * hq)]
+        copied = x.heads_copied if name == "q" else x.kv_copied
+        if copied and not (name == "q" and x.cp > 1):
+            ops.append(Op("reshape.backward", 0, 2 * e * t * width))
+        ops += _linear_backward(t, h, width, x)
     if x.tp > 1:
         ops.append(_all_reduce(e * t * h))
-    return ops + [ln]
+    return ops + [_norm_backward(x)]
 
 
 def head_forward(x: Shard) -> list[Op]:
     """ln_f, the (vocabulary-parallel) head, the cross-entropy (its max and sums all-reduced under tp)."""
     t, h, v, e = x.t, x.h, x.v, x.e
-    ops = [Op("layer_norm", 8 * t * h, 2 * e * t * h), _matmul(t, h, v, e)]
+    ops = [_norm(x), _matmul(t, h, v, e)]
     if x.tp > 1:
         ops += [_all_reduce(e * t), _all_reduce(2 * e * t)]
     return ops + [Op("cross_entropy", (TRANSCENDENTAL + 4) * t * v, e * t * v + 8 * t + e),
@@ -234,7 +296,7 @@ def head_backward(x: Shard) -> list[Op]:
            _done(_matmul_backward(t, h, v, e), h * v)]
     if x.tp > 1:
         ops.append(_all_reduce(e * t * h))
-    return ops + [_done(Op("layer_norm.backward", 10 * t * h, 3 * e * t * h), h, h)]
+    return ops + [_norm_backward(x)]
 
 
 def parameters(x: Shard, layers: int) -> list[int]:
@@ -257,14 +319,24 @@ def activation_bytes(x: Shard) -> dict[str, float]:
     elements at full width (norm inputs and outputs, residual sums, the projections' outputs), ``9 hq`` of
     the local heads (q, k, v before and after their biases and heads split, the attention output and the
     merged heads), ``4 f`` of the MLP (fc1 before and after its bias, GELU's output and its saved input),
-    2 norm statistics, plus the attention probabilities (``pairs``). Under tensor parallelism the
-    embedding also keeps its masked rows and their sum (``2 t h + t``), and the vocabulary-parallel loss
-    keeps its probabilities once (``t v``) instead of the logits and their softmax (``2 t v``).
+    2 norm statistics, plus the attention probabilities (``pairs``). Without biases each biased output is
+    kept once instead of twice (``8 h``, ``3 hq``, ``3 f``); grouped-query attention keeps its narrower
+    keys and values (``kv`` wide) and their copies repeated to every query head (``2 hq``); SwiGLU keeps
+    ``7 f`` (gate and up with their biases, the SiLU's input and output, the product), ``5 f`` without biases.
+    Under tensor parallelism the embedding also keeps its masked rows and their sum (``2 t h + t``), and the
+    vocabulary-parallel loss keeps its probabilities once (``t v``) instead of the logits and their softmax
+    (``2 t v``).
     """
     t, h, s, e = x.t, x.h, x.s, x.e
     embed = e * (2 * t * h + s * h) + 8 * (t + s)
-    merged = 9 if x.heads_copied else 8  # merging one head is a view, not a new buffer
-    block = e * (t * (10 * h + merged * x.hq + 4 * x.f + 2) + x.pairs)
+    projections = 2 if x.bias else 1  # a projection's output, and its sum with the bias
+    attention = (3 if x.heads_copied else 2) * x.hq  # its output, the output saved, the heads merged (unless a view)
+    mlp = (7 if x.bias else 5) if x.mlp == "swiglu" else (4 if x.bias else 3)
+    per_token = ((8 + 2 * x.bias) * h + projections * (x.hq + 2 * x.kv) + (2 * x.hq if x.gqa else 0) + attention
+                 + mlp * x.f + 2)
+    block = e * (t * per_token + x.pairs)
+    if x.gqa:  # the offsets of the two concatenations that repeat keys and values
+        block += 8 * 2 * (x.heads // x.kv_heads + 1)
     if x.cp > 1:  # ring attention keeps neither the probabilities nor a separate output of its own
         block -= e * (x.pairs + t * x.hq)
     # the loss keeps its targets' row indices as int64 (8 bytes a token whatever the dtype): ``rows`` and ``tt``

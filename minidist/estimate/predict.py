@@ -11,8 +11,9 @@ the simulator is how the estimator of ``perf.py`` is checked against something t
 constants, the same cluster, no fitted efficiency.
 
 Covered here: any ``dp`` and ``tp`` (Megatron's layout, no sequence parallelism), gradient accumulation,
-ZeRO stages 0-2, on dense GPTs with minidist's defaults (GELU MLP, layer norm, biases, multi-head
-attention, untied embeddings); and mixtures of experts over ``dp`` and ``ep`` (``moe_ops.py``: exact when
+ZeRO stages 0-3, pipelines, context parallelism and recomputation, on GPTs with GELU or SwiGLU MLPs,
+layer or RMS norm, with or without biases, multi-head or grouped-query attention (not with context
+parallelism) and untied embeddings; and mixtures of experts over ``dp`` and ``ep`` (``moe_ops.py``: exact when
 every token goes to every expert, the balanced case otherwise). Other layouts raise ValueError naming
 what is not modelled yet.
 """
@@ -136,6 +137,8 @@ def check_supported(model, parallel) -> None:
     if model.n_experts and (parallel.tp > 1 or parallel.pp > 1 or parallel.cp > 1 or parallel.zero_stage
                             or parallel.fsdp or parallel.recompute is not None):
         missing.append("mixture-of-experts layers with tp, pp, cp, ZeRO or recomputation (dp and ep are covered)")
+    if model.n_experts and (model.mlp != "gelu" or model.norm != "layernorm" or not model.bias):
+        missing.append("mixture-of-experts layers in a GPT other than GELU experts, layer norm and biases")
     if model.n_experts and (model.capacity_factor is not None or model.shared_expert):
         missing.append("mixture-of-experts layers with a capacity limit or a shared expert")
     if parallel.fsdp:
@@ -148,10 +151,10 @@ def check_supported(model, parallel) -> None:
         missing.append("selective recomputation")
     if parallel.offload is not None:
         missing.append("offloading")
-    if model.mlp != "gelu" or model.norm != "layernorm" or not model.bias or model.tie_embeddings:
-        missing.append("a GPT other than GELU + layer norm + biases + untied embeddings")
-    if model.n_kv_heads != model.n_heads:
-        missing.append("grouped-query attention")
+    if model.tie_embeddings:
+        missing.append("tied embeddings")
+    if model.n_kv_heads != model.n_heads and parallel.cp > 1:
+        missing.append("grouped-query attention with context parallelism")
     if getattr(model, "window", None) is not None:
         missing.append("sliding-window attention")
     if getattr(model, "kv_latent", None) is not None:
@@ -269,7 +272,7 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
         raise ValueError(f"predict_train: {model.n_experts} experts cannot be split over ep={parallel.ep} ranks")
     x = Shard(global_batch // (dp_ep * m), model.seq_len // cp, model.d_model, model.n_heads, model.d_ff,
               model.vocab_size, tp, e, cp, model.n_experts, model.top_k if model.n_experts else 0, parallel.ep,
-              groups["grad"][0])
+              groups["grad"][0], model.n_kv_heads, model.mlp, model.norm, model.bias)
     algorithm = parallel.algorithm
 
     def cost(op: Op) -> float:
