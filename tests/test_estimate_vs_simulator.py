@@ -63,16 +63,21 @@ def _row(name, sim_t, pred_t, sim_m, pred_m) -> str:
             f"{sim_m / 1e6:>8.4f} {pred_m / 1e6:>8.4f} {pred_m / sim_m - 1:>+8.3%}")
 
 
-def test_prediction_equals_simulation():
-    lines = [f"{'layout':<22} {'sim us':>10} {'pred us':>10} {'err':>8}   {'sim MB':>8} {'pred MB':>8} {'err':>8}"]
+def _compare(cfg, layouts: dict) -> tuple[list[str], dict]:
+    lines = [f"{'layout':<28} {'sim us':>10} {'pred us':>10} {'err':>8}   {'sim MB':>8} {'pred MB':>8} {'err':>8}"]
     errors = {}
-    for name, pc in LAYOUTS.items():
-        run = md.parallel.train(CFG, pc, steps=2, global_batch=BATCH)
-        pred = predict_train(CFG, pc, BATCH)
+    for name, pc in layouts.items():
+        run = md.parallel.train(cfg, pc, steps=2, global_batch=BATCH)
+        pred = predict_train(cfg, pc, BATCH)
         sim_t, sim_m = run.time[-1], max(run.peak_memory)
-        lines.append(_row(name, sim_t, pred.step_time, sim_m, pred.memory["total"]))
+        lines.append(_row(f"{name:<28}", sim_t, pred.step_time, sim_m, pred.memory["total"]))
         errors[name] = (pred.step_time / sim_t - 1, pred.memory["total"] / sim_m - 1)
     print("\n" + "\n".join(lines))
+    return lines, errors
+
+
+def test_prediction_equals_simulation():
+    _, errors = _compare(CFG, LAYOUTS)
     bad = {k: v for k, v in errors.items() if abs(v[0]) > 1e-9 or abs(v[1]) > 1e-9}
     assert not bad, f"prediction differs from the simulator: {bad}"
 
@@ -148,19 +153,6 @@ MOE_LAYOUTS = {
     "moe dp2 x ep2": ParallelConfig(dp=2, ep=2),
     "moe dp2 x ep2 small buckets": ParallelConfig(dp=2, ep=2, bucket_bytes=20_000),
 }
-
-
-def _compare(cfg, layouts: dict) -> tuple[list[str], dict]:
-    lines = [f"{'layout':<28} {'sim us':>10} {'pred us':>10} {'err':>8}   {'sim MB':>8} {'pred MB':>8} {'err':>8}"]
-    errors = {}
-    for name, pc in layouts.items():
-        run = md.parallel.train(cfg, pc, steps=2, global_batch=BATCH)
-        pred = predict_train(cfg, pc, BATCH)
-        sim_t, sim_m = run.time[-1], max(run.peak_memory)
-        lines.append(_row(f"{name:<28}", sim_t, pred.step_time, sim_m, pred.memory["total"]))
-        errors[name] = (pred.step_time / sim_t - 1, pred.memory["total"] / sim_m - 1)
-    print("\n" + "\n".join(lines))
-    return lines, errors
 
 
 def test_mixture_of_experts_with_known_routing_is_predicted_exactly():
