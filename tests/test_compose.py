@@ -71,8 +71,10 @@ def run_layout(layout: dict) -> list[str]:
 
 
 def _grid_param(lay: dict):
-    # the layouts of eight ranks cost most; make test runs the rest, make test-slow (and CI) these
-    marks = [pytest.mark.slow] if np.prod(list(lay.values())) == 8 else []
+    # the layouts of eight ranks cost most, then the four-rank ones with experts on two of them (covered alone by
+    # test_expert_parallel); make test runs the rest, make test-slow (and CI) these
+    ranks = np.prod(list(lay.values()))
+    marks = [pytest.mark.slow] if ranks == 8 or (ranks == 4 and lay.get("ep") == 2) else []
     return pytest.param(lay, id="-".join(f"{a}{v}" for a, v in lay.items()), marks=marks)
 
 

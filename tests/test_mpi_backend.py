@@ -86,7 +86,7 @@ def _outputs(alg_filter=None) -> dict:
     return out
 
 
-@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("p", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_every_collective_algorithm_and_dtype_is_bitwise_the_simulator(p):
     cluster = Cluster(gpus_per_node=p // 2)  # two nodes: the hierarchical all-reduce crosses them
     sim = launch(_outputs, p, cluster=cluster, timeout=60)
@@ -167,7 +167,7 @@ def _native_world() -> int:
     return n
 
 
-@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("p", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_native_collectives_agree_with_numpy(p):
     res = launch(_native_world, p, timeout=60, backend="mpi")
     assert min(res) >= 3 * 14 + 18
@@ -351,8 +351,8 @@ def _gone(deadline: float = 3.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("delays", [[0.0, 0.3, 1.5], pytest.param([i * 0.25 for i in range(12)],
-                                                                  marks=pytest.mark.slow)])
+@pytest.mark.parametrize("delays", [[0.0, 1.0], pytest.param([i * 0.25 for i in range(12)],
+                                                             marks=pytest.mark.slow)])
 def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
     """Ctrl-C (SIGINT) while mpiexec starts or the ranks run: KeyboardInterrupt within 1 s, no rank left."""
     for delay in delays:
@@ -372,8 +372,7 @@ def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
         assert set(_leftovers()[1]) <= before
 
 
-@pytest.mark.parametrize("delays", [[0.3, 1.5], pytest.param([i * 0.25 for i in range(12)],
-                                                             marks=pytest.mark.slow)])
+@pytest.mark.parametrize("delays", [[1.0], pytest.param([i * 0.25 for i in range(12)], marks=pytest.mark.slow)])
 def test_a_killed_launcher_takes_its_mpi_ranks_with_it(tmp_path, delays):
     for delay in delays:
         proc = _launching(tmp_path)
