@@ -226,6 +226,7 @@ def test_the_algorithm_reaches_the_gradient_all_reduce_and_unknown_ones_are_refu
         ParallelConfig(dp=2, algorithm="butterfly")
 
 
+@pytest.mark.slow  # trains each of the planner's top layouts (10 s); lab 18 runs some of them in make test too
 def test_a_plan_of_the_estimator_runs_as_is():
     """md.estimate.plan and md.parallel.train describe one mesh: every planned layout of a toy GPT trains like
     one device with the plan's batch."""

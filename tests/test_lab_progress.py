@@ -34,6 +34,7 @@ def progress(root: Path) -> tuple[int, list[str]]:
     return out.returncode, lines
 
 
+@pytest.mark.slow  # each runs a whole lab (6 s); the copied solution below stays in make test
 def test_an_unanswered_lab_lists_every_exercise_as_not_done(tmp_path):
     code, lines = progress(course(tmp_path, ROOT / "labs" / LAB))
     assert code == 1
@@ -49,6 +50,7 @@ def test_the_solution_copied_over_is_all_done(tmp_path):
     assert len(lines) == 4 and all(line.startswith("  [done]") for line in lines), lines
 
 
+@pytest.mark.slow
 def test_a_wrong_answer_fails_with_the_checks_message_and_the_rest_is_judged_alone(tmp_path):
     def halve(nb):  # the classic mistake: one FLOP per multiply-add
         cell = nb["cells"][5]
