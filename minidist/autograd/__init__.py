@@ -17,7 +17,8 @@ Files: ``tensor.py`` (the data structure, dtype rules), ``engine.py`` (the trave
 gathered from ``softmax.py``, ``norms.py``, ``activations.py``, ``attention.py``,
 ``masking.py``, ``indexing.py``), ``function.py`` (custom ops), ``checkpoint.py``
 (recomputation), ``grad_mode.py`` (no_grad), ``random.py`` (dropout's default generator),
-``cost.py`` (FLOP/byte reporting), ``allocator.py`` (keeps freed memory for the next array).
+``cost.py`` (FLOP/byte reporting), ``allocator.py`` (keeps freed memory for the next array),
+``shape_only.py`` (arrays with shapes and layouts but no values: the same charges at any size).
 """
 
 from minidist.autograd import cost, functional, ops  # noqa: F401  (ops attaches operators to Tensor)

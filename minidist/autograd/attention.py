@@ -85,7 +85,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         np.copyto(s, -np.inf, where=_future(tq, tk) if window is None or window >= tq else
                   _outside_window(tq, tk, window))
     if attn_mask is not None:
-        am = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
+        am = attn_mask.data if isinstance(attn_mask, Tensor) else np.asanyarray(attn_mask)
         if am.dtype == np.bool_:
             s = np.where(am, s, -np.inf).astype(s.dtype, copy=False)
         else:

@@ -50,7 +50,8 @@ def scatter_add(buf: np.ndarray, index: Any, value: np.ndarray) -> None:
     the flattened buffer instead: numpy's ``add.at`` is about three times faster on 1-D operands,
     and every element still receives its contributions in the same order, so the sums are the same.
     """
-    if (index.__class__ is np.ndarray and index.dtype.kind in "iu" and buf.ndim > 1 and buf.flags.c_contiguous
+    if (index.__class__ is np.ndarray and buf.__class__ is np.ndarray and index.dtype.kind in "iu" and buf.ndim > 1
+            and buf.flags.c_contiguous
             and value.shape == index.shape + buf.shape[1:]):
         row = buf[0].size
         flat = (index.reshape(-1, 1) * row + np.arange(row)).reshape(-1)
@@ -88,7 +89,7 @@ def _freed(_g: Any) -> tuple:
 
 def _add(entry: list | None, g: Any, t: Tensor) -> list:
     """Add contribution ``g`` into the pending gradient ``entry = [array, owned]`` of ``t``."""
-    if g.__class__ is np.ndarray:
+    if isinstance(g, np.ndarray):  # a shape-only array too (shape_only.py)
         if entry is None:
             return [g, False]  # borrowed: may alias another tensor's gradient, so never written in place
         acc, owned = entry
@@ -99,10 +100,10 @@ def _add(entry: list | None, g: Any, t: Tensor) -> list:
         return entry
     if g.__class__ is Partial:
         if entry is None:
-            buf = np.zeros(t.data.shape, dtype=t.data.dtype)
+            buf = np.zeros_like(t.data, order="C")  # C order as np.zeros; shape-only data gives a shape-only buffer
             entry = [buf, True]
         elif not entry[1]:
-            entry[0], entry[1] = np.array(entry[0], dtype=t.data.dtype, copy=True), True
+            entry[0], entry[1] = entry[0].astype(t.data.dtype, copy=True), True
         g.add_into(entry[0])
         return entry
     if g.__class__ is Slot:
@@ -111,14 +112,14 @@ def _add(entry: list | None, g: Any, t: Tensor) -> list:
         slots = entry[0]
         slots[g.i] = g.value if slots[g.i] is None else slots[g.i] + g.value
         return entry
-    return _add(entry, np.asarray(g), t)  # e.g. a numpy scalar from a reduction
+    return _add(entry, np.asanyarray(g), t)  # e.g. a numpy scalar from a reduction
 
 
 def _run_hooks(t: Tensor, g: np.ndarray) -> np.ndarray:
     for hook in list(t._hooks):
         out = hook(g)
         if out is not None:
-            g = out.data if isinstance(out, Tensor) else np.asarray(out)
+            g = out.data if isinstance(out, Tensor) else np.asanyarray(out)
     return g
 
 
@@ -140,7 +141,7 @@ def _finalize_leaf(t: Tensor, entry: list | None) -> None:
             private = base is None or (base.__class__ is np.ndarray and base.base is None
                                        and base.size == g.size and sys.getrefcount(base) <= 3)
             base = None
-        t.grad = g if private else np.array(g, copy=True)
+        t.grad = g if private else g.copy(order="K")
     else:
         t.grad += g
     if t._post_hooks:
@@ -161,7 +162,7 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Any], retain_graph: bo
                                    f"has shape {r.shape}, so pass grad= with that shape")
             g = np.ones(r.data.shape, dtype=r.data.dtype)
         else:
-            g = np.asarray(g.data if isinstance(g, Tensor) else g, dtype=r.data.dtype)
+            g = np.asanyarray(g.data if isinstance(g, Tensor) else g, dtype=r.data.dtype)
             if g.shape != r.data.shape:
                 raise ValueError(f"backward: grad has shape {g.shape} but the output has shape {r.shape}")
         pending[id(r)] = _add(pending.get(id(r)), g, r)
@@ -202,7 +203,7 @@ def run_backward(roots: Sequence[Tensor], grads: Sequence[Any], retain_graph: bo
         if g is not None and t._hooks:
             g = _run_hooks(t, g)
         if g is not None and t._retains_grad:
-            t.grad = np.array(g, copy=True) if t.grad is None else t.grad + g
+            t.grad = g.copy(order="K") if t.grad is None else t.grad + g
         parents = t._parents
         if g is not None:
             pgrads = t._backward(g)

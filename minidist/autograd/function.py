@@ -116,7 +116,7 @@ class Function:
                 if g is None:
                     result.append(None)
                     continue
-                g = g.data if isinstance(g, Tensor) else np.asarray(g)
+                g = g.data if isinstance(g, Tensor) else np.asanyarray(g)
                 shape = args[i].shape
                 if g.shape != shape:
                     try:

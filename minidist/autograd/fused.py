@@ -82,14 +82,14 @@ def same_float(op: str, *ts: Tensor | None) -> np.dtype:
 
 
 def int_indices(ids: Any, op: str) -> np.ndarray:
-    d = ids.data if isinstance(ids, Tensor) else np.asarray(ids)
+    d = ids.data if isinstance(ids, Tensor) else np.asanyarray(ids)
     if d.dtype.kind not in "iu":
         raise TypeError(f"{op}: indices must be integers, got dtype {d.dtype}")
     return d
 
 
 def bool_mask(mask: Any, op: str) -> np.ndarray:
-    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    m = mask.data if isinstance(mask, Tensor) else np.asanyarray(mask)
     if m.dtype != np.bool_:
         raise TypeError(f"{op}: the mask/condition must be boolean, got dtype {m.dtype}")
     return m

@@ -52,7 +52,7 @@ def where(cond: Any, a: Any, b: Any) -> Tensor:
         raise ValueError(f"where: shapes {c.shape}, {np.shape(ad)} and {np.shape(bd)} cannot be broadcast "
                          f"together") from None
     if _cost._hook is not None:
-        _cost.charge("where", out.size, c.nbytes + np.asarray(ad).nbytes + np.asarray(bd).nbytes + out.nbytes,
+        _cost.charge("where", out.size, c.nbytes + np.asanyarray(ad).nbytes + np.asanyarray(bd).nbytes + out.nbytes,
                      out.dtype)
     ash, bsh = np.shape(ad), np.shape(bd)
 

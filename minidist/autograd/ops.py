@@ -28,12 +28,12 @@ TRANSCENDENTAL = 4
 
 
 def _nb(x: Any) -> int:
-    return x.nbytes if x.__class__ is np.ndarray else 8
+    return x.nbytes if isinstance(x, np.ndarray) else 8
 
 
 def _dtype_of(*xs: Any) -> np.dtype:
     for x in xs:
-        if x.__class__ is np.ndarray:
+        if isinstance(x, np.ndarray):
             return x.dtype
     return np.dtype(np.float64)
 
@@ -218,7 +218,7 @@ def astype(x: Tensor, dtype: Any) -> Tensor:
 def matmul(x: Any, y: Any) -> Tensor:
     """Batched matrix product with numpy's rules (1-D operands are promoted, batch dims broadcast)."""
     xt, xd, yt, yd = operands("matmul", x, y)
-    xd, yd = np.asarray(xd), np.asarray(yd)
+    xd, yd = np.asanyarray(xd), np.asanyarray(yd)
     rnd, rnd_g = _autocast._round, _autocast._round_grad  # under autocast: operands, result, gradients rounded
     if rnd is not None:
         xd, yd = rnd(xd), rnd(yd)
@@ -262,8 +262,8 @@ def matmul(x: Any, y: Any) -> Tensor:
             # each input gradient reads g and the other operand and writes a tensor the size of its input
             _cost.charge("matmul.backward", 2 * batch * m * n * k * (need_x + need_y),
                          (g.nbytes + in_bytes) * (need_x + need_y), g.dtype)
-        a = kept[0] if kept[0] is not None else np.asarray(xt.data).reshape(x2_shape)
-        b = kept[1] if kept[1] is not None else np.asarray(yt.data).reshape(y2_shape)
+        a = kept[0] if kept[0] is not None else np.asanyarray(xt.data).reshape(x2_shape)
+        b = kept[1] if kept[1] is not None else np.asanyarray(yt.data).reshape(y2_shape)
         if rnd is not None:  # kept operands were rounded in the forward; a regathered weight is rounded now
             a = a if kept[0] is not None else rnd(a)
             b = b if kept[1] is not None else rnd(b)

@@ -40,7 +40,7 @@ def _expand(g: np.ndarray, axes: tuple[int, ...], keepdims: bool, shape: tuple[i
 def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     xd = x.data
     axes = _axes(axis, xd.ndim, "sum")
-    out = np.asarray(xd.sum(axis=axes, keepdims=keepdims))
+    out = np.asanyarray(xd.sum(axis=axes, keepdims=keepdims))
     if _cost._hook is not None:
         _cost.charge("sum", xd.size, xd.nbytes + out.nbytes, xd.dtype)
     if not (_gm._enabled and x.requires_grad):
@@ -58,7 +58,7 @@ def sum(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
 def mean(x: Tensor, axis: Any = None, keepdims: bool = False) -> Tensor:
     xd = x.data
     axes = _axes(axis, xd.ndim, "mean")
-    out = np.asarray(xd.mean(axis=axes, keepdims=keepdims))
+    out = np.asanyarray(xd.mean(axis=axes, keepdims=keepdims))
     count = int(np.prod([xd.shape[a] for a in axes])) if axes else 1
     if _cost._hook is not None:
         _cost.charge("mean", xd.size + out.size, xd.nbytes + out.nbytes, xd.dtype)
@@ -111,7 +111,7 @@ def var(x: Tensor, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> T
     count = int(np.prod([xd.shape[a] for a in axes])) if axes else 1
     mu = xd.mean(axis=axes, keepdims=True)
     dev = xd - mu
-    out = np.asarray((dev * dev).sum(axis=axes, keepdims=keepdims) / (count - ddof)).astype(xd.dtype, copy=False)
+    out = np.asanyarray((dev * dev).sum(axis=axes, keepdims=keepdims) / (count - ddof)).astype(xd.dtype, copy=False)
     if _cost._hook is not None:
         _cost.charge("var", 4 * xd.size, xd.nbytes + out.nbytes, xd.dtype)
     if not (_gm._enabled and x.requires_grad):

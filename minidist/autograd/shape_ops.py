@@ -119,7 +119,7 @@ def getitem(x: Tensor, idx: Any) -> Tensor:
         raise IndexError(f"getitem: {e} (tensor shape {x.shape})") from None
     if _cost._hook is not None:
         view = isinstance(out, np.ndarray) and np.may_share_memory(out, x.data)
-        _cost.charge("getitem", 0, 0 if view else 2 * np.asarray(out).nbytes, x.data.dtype)
+        _cost.charge("getitem", 0, 0 if view else 2 * np.asanyarray(out).nbytes, x.data.dtype)
     if not (_gm._enabled and x.requires_grad):
         return _const(out)
     parts = idx if isinstance(idx, tuple) else (idx,)
@@ -130,4 +130,4 @@ def getitem(x: Tensor, idx: Any) -> Tensor:
             _cost.charge("getitem.backward", g.size, 2 * g.nbytes, g.dtype)
         return (Partial(idx, g, add_at=repeats),)
 
-    return _new(np.asarray(out), (x,), backward, "getitem")
+    return _new(np.asanyarray(out), (x,), backward, "getitem")

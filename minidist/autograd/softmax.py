@@ -81,9 +81,9 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100, reduct
     count = int(valid.sum())
     if reduction == "mean":
         with np.errstate(invalid="ignore", divide="ignore"):
-            out = np.asarray(losses.sum() / count, dtype=x.dtype)
+            out = np.asanyarray(losses.sum() / count, dtype=x.dtype)
     elif reduction == "sum":
-        out = np.asarray(losses.sum(), dtype=x.dtype)
+        out = np.asanyarray(losses.sum(), dtype=x.dtype)
     else:
         out = losses.reshape(t.shape).astype(x.dtype, copy=False)
     if _cost._hook is not None:

@@ -57,7 +57,7 @@ class Tensor:
     def __init__(self, data: Any, requires_grad: bool = False) -> None:
         if isinstance(data, Tensor):
             data = data.data
-        data = np.asarray(data)
+        data = np.asanyarray(data)  # a shape-only array stays one (shape_only.py)
         if requires_grad and data.dtype.kind != "f":
             raise TypeError(f"only floating-point tensors can require grad, got dtype {data.dtype}")
         self.data = data
@@ -250,7 +250,7 @@ def tensor(data: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor:
 
 def as_tensor(x: Any) -> Tensor:
     """``x`` itself if it is a tensor, else a constant tensor wrapping it without a copy."""
-    return x if isinstance(x, Tensor) else _const(np.asarray(x))
+    return x if isinstance(x, Tensor) else _const(np.asanyarray(x))
 
 
 _BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -293,8 +293,8 @@ def operands(op: str, x: Any, y: Any) -> tuple[Tensor | None, Any, Tensor | None
     """
     xt = x if isinstance(x, Tensor) else None
     yt = y if isinstance(y, Tensor) else None
-    xd = x.data if xt is not None else (x if type(x) in _PY_SCALARS else np.asarray(x))
-    yd = y.data if yt is not None else (y if type(y) in _PY_SCALARS else np.asarray(y))
+    xd = x.data if xt is not None else (x if type(x) in _PY_SCALARS else np.asanyarray(x))
+    yd = y.data if yt is not None else (y if type(y) in _PY_SCALARS else np.asanyarray(y))
     if xd.__class__ is np.ndarray and yd.__class__ is np.ndarray:
         dx, dy = xd.dtype, yd.dtype
         if dx != dy:

@@ -16,11 +16,16 @@ from collections.abc import Iterator
 import numpy as np
 
 from minidist.autograd import Tensor
+from minidist.autograd.shape_only import shape_rng
 from minidist.autograd.tensor import RemovableHandle
 
 
 def as_rng(rng: np.random.Generator | int | None) -> np.random.Generator:
-    """A Generator from a Generator, a seed, or None (seed 0: never the global state)."""
+    """A Generator from a Generator, a seed, or None (seed 0: never the global state); while models are built
+    shape-only (``md.autograd.shape_only.building``) a stand-in whose draws hold no values."""
+    stand_in = shape_rng()
+    if stand_in is not None:
+        return stand_in
     if isinstance(rng, np.random.Generator):
         return rng
     return np.random.default_rng(0 if rng is None else rng)
@@ -30,7 +35,7 @@ class Parameter(Tensor):
     """A tensor that a module owns and an optimizer updates (``requires_grad=True``)."""
 
     def __init__(self, data, requires_grad: bool = True) -> None:
-        super().__init__(np.asarray(data), requires_grad=requires_grad)
+        super().__init__(np.asanyarray(data), requires_grad=requires_grad)
 
     def __repr__(self) -> str:
         return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype})"

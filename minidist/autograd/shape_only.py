@@ -1,0 +1,266 @@
+"""Shape-only arrays: shapes, dtypes and memory layouts without values (book ch. 27-28; the scale simulation).
+
+Property: the roofline prices an op from its shapes and dtypes alone (``cost.py``), never from its values,
+so a step's simulated time and memory can be obtained without computing a single number. A
+:class:`ShapeArray` is a numpy array whose bytes are never touched: it lives in its own anonymous,
+unreserved mapping (address space, not memory) with real strides, so numpy's own rules decide what is a view
+and what is a copy (a reshape after a transpose copies, a slice does not), which is what the autograd charges.
+Every ufunc and the numpy functions the model uses answer with a new ShapeArray of the right shape, dtype and
+layout at once; nothing is computed. What depends on values (an ``argsort``, a ``nonzero``) raises, naming
+the function: those steps need their data-dependent sizes given (MoE routing takes a token histogram).
+
+``shape_only(model)`` turns a module's parameters into ShapeArrays; ``zeros_like_shape`` and ``empty`` make new
+ones. Not yet wired into the runtime: messages and collectives of ShapeArrays come next.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+_VOID = np.dtype([])  # itemsize 0: numpy's indexing and shape rules on arrays that hold no bytes
+_VALUE_DEPENDENT = {"argsort", "nonzero", "flatnonzero", "unique", "bincount", "searchsorted", "argmax", "argmin",
+                    "sort", "partition", "argpartition", "allclose", "array_equal", "isclose", "count_nonzero"}
+
+
+def _mapping(nbytes: int) -> mmap.mmap:
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_NORESERVE", 0)
+    return mmap.mmap(-1, max(int(nbytes), 1), flags=flags)
+
+
+def empty(shape, dtype=np.float64, axes_order=None) -> ShapeArray:
+    """A ShapeArray of ``shape``; ``axes_order`` (outermost first) lays it out like another array (default C)."""
+    dtype, shape = np.dtype(dtype), tuple(int(s) for s in shape)
+    order = list(range(len(shape))) if axes_order is None else list(axes_order)
+    strides, step = [0] * len(shape), dtype.itemsize
+    for a in reversed(order):
+        strides[a] = step
+        step *= max(shape[a], 1)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.ndarray.__new__(ShapeArray, shape, dtype, buffer=_mapping(n), strides=tuple(strides))
+
+
+def _axes_order(a: np.ndarray) -> list[int]:
+    """The axes of ``a`` from the largest stride to the smallest (its memory layout)."""
+    return sorted(range(a.ndim), key=lambda i: (-abs(a.strides[i]), i))
+
+
+def _like(inputs, shape) -> list[int] | None:
+    """numpy's "K" order: an output laid out like the first input of its shape (default C order)."""
+    for x in inputs:
+        if isinstance(x, np.ndarray) and x.shape == shape and x.ndim > 1:
+            return _axes_order(x)
+    return None
+
+
+def _void(a):
+    if isinstance(a, ShapeArray):
+        return np.empty(a.shape, _VOID)
+    if isinstance(a, (list, tuple)):
+        return type(a)(_void(x) for x in a)
+    return a
+
+
+def _dtype(x) -> np.dtype:
+    return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+
+
+def _advanced(idx) -> bool:
+    items = idx if isinstance(idx, tuple) else (idx,)
+    return any(isinstance(i, (list, np.ndarray)) for i in items)
+
+
+def _gufunc_shape(ufunc, inputs) -> tuple:
+    ins, outs = ufunc.signature.split("->")
+
+    def parse(text):
+        return [tuple(c for c in g.split(",") if c) for g in text.strip("()").split("),(")]
+
+    sizes, loops = {}, []
+    for x, core in zip(inputs, parse(ins)):
+        sh = np.shape(x)
+        loops.append(sh[: len(sh) - len(core)])
+        sizes.update(zip(core, sh[len(sh) - len(core):]))
+    return np.broadcast_shapes(*loops) + tuple(sizes[c] for c in parse(outs)[0])
+
+
+def _matmul_shape(a: tuple, b: tuple) -> tuple:
+    a2, b2 = ((1,) + a if len(a) == 1 else a), (b + (1,) if len(b) == 1 else b)
+    shape = np.broadcast_shapes(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        shape = shape[:-2] + shape[-1:]
+    return shape[:-1] if len(b) == 1 else shape
+
+
+class ShapeArray(np.ndarray):
+    """An ndarray with a shape, a dtype and a layout, whose values are never computed (see the module doc)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kw):
+        if method == "at":
+            return None
+        dt = kw.get("dtype")
+        if method == "__call__":
+            if ufunc is np.matmul:
+                shape = _matmul_shape(np.shape(inputs[0]), np.shape(inputs[1]))
+                dtype = np.result_type(*[_dtype(x) for x in inputs])
+            elif ufunc.signature:
+                shape = _gufunc_shape(ufunc, inputs)
+                dtype = np.result_type(*[_dtype(x) for x in inputs])
+            else:
+                shape = np.broadcast_shapes(*[np.shape(x) for x in inputs])
+                probe = [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in inputs]
+                with np.errstate(all="ignore"):
+                    dtype = np.asarray(ufunc(*probe, **({"dtype": dt} if dt is not None else {}))).dtype
+        elif method in ("reduce", "accumulate"):
+            x, shape = inputs[0], list(np.shape(inputs[0]))
+            if method == "reduce":
+                axis = kw.get("axis", 0)
+                axes = range(len(shape)) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+                for a in sorted({a % len(shape) for a in axes} if shape else (), reverse=True):
+                    if kw.get("keepdims"):
+                        shape[a] = 1
+                    else:
+                        del shape[a]
+            shape = tuple(shape)
+            with np.errstate(all="ignore"):
+                dtype = getattr(ufunc, method)(np.zeros((1,), _dtype(x)), **({"dtype": dt} if dt else {})).dtype
+        elif method == "outer":
+            shape = np.shape(inputs[0]) + np.shape(inputs[1])
+            dtype = np.result_type(*[_dtype(x) for x in inputs])
+        else:
+            raise TypeError(f"shape-only arrays: {ufunc.__name__}.{method} is not supported")
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        elementwise = method == "__call__" and not ufunc.signature  # matmul and gufuncs write C order
+        return empty(shape, dtype, _like(inputs, shape) if elementwise else None)
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = func.__name__
+        if name in _VALUE_DEPENDENT:
+            raise TypeError(f"shape-only arrays: np.{name} depends on the values (give its sizes instead)")
+        if name in ("may_share_memory", "shares_memory", "copyto", "shape", "ndim", "size", "result_type"):
+            return super().__array_function__(func, types, args, kwargs) if name != "copyto" else None
+        if name == "einsum":
+            ins, outs = args[0].replace(" ", "").split("->")
+            sizes = {c: n for sub, op in zip(ins.split(","), args[1:]) for c, n in zip(sub, np.shape(op))}
+            return empty(tuple(sizes[c] for c in outs), np.result_type(*[_dtype(x) for x in args[1:]]))
+        if name == "where" and len(args) == 3:
+            shape = np.broadcast_shapes(*[np.shape(a) for a in args])
+            return empty(shape, np.result_type(_dtype(args[1]), _dtype(args[2])))
+        arrays = [a for a in args if isinstance(a, np.ndarray)]
+        arrays += [x for a in args if isinstance(a, (list, tuple)) for x in a if isinstance(x, np.ndarray)]
+        dtype = np.result_type(*[a.dtype for a in arrays]) if arrays else np.dtype(np.float64)
+        if name in ("swapaxes", "transpose", "expand_dims", "squeeze", "moveaxis", "broadcast_to", "reshape",
+                    "split", "array_split", "ravel"):
+            plain = [a.view(np.ndarray) if isinstance(a, ShapeArray) else a for a in args]
+            try:  # a view keeps the mapping: the same answer as numpy's for real data
+                res = func(*plain, **kwargs)
+                return _rewrap(res)
+            except ValueError:
+                pass
+        res = func(*[_void(a) for a in args], **kwargs)  # shape rules on arrays of zero-byte elements
+
+        def wrap(r):
+            if isinstance(r, np.ndarray) and r.dtype == _VOID:
+                return empty(r.shape, dtype)
+            if isinstance(r, (list, tuple)):
+                return type(r)(wrap(x) for x in r)
+            return r
+
+        return wrap(res)
+
+    def __getitem__(self, idx):
+        if _advanced(idx):
+            items = idx if isinstance(idx, tuple) else (idx,)
+            items = tuple(np.zeros(np.shape(i), np.intp) if isinstance(i, ShapeArray) else i for i in items)
+            shape = np.empty(self.shape, _VOID)[items if isinstance(idx, tuple) else items[0]].shape
+            return empty(shape, self.dtype)
+        return super().__getitem__(idx)
+
+    def __setitem__(self, idx, value) -> None:
+        pass  # values are never written
+
+    def reshape(self, *shape, order="C", copy=None):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        try:
+            return super().reshape(shape, order=order, copy=False)
+        except ValueError:  # numpy would copy: a new array, laid out in C order
+            return empty(np.empty(self.shape, _VOID).reshape(shape).shape, self.dtype)
+
+    def copy(self, order="C") -> ShapeArray:
+        return empty(self.shape, self.dtype, _axes_order(self) if order in ("K", "A") and self.ndim > 1 else None)
+
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True) -> ShapeArray:
+        return self if not copy and np.dtype(dtype) == self.dtype else empty(self.shape, dtype, _like([self],
+                                                                                                  self.shape))
+
+    def fill(self, value) -> None:
+        pass
+
+    def __float__(self) -> float:
+        return float("nan")
+
+    def __bool__(self) -> bool:
+        raise TypeError("shape-only arrays: a truth value depends on the values")
+
+    def __repr__(self) -> str:
+        return f"ShapeArray(shape={self.shape}, dtype={self.dtype})"
+
+    __str__ = __repr__
+
+
+def _rewrap(r):
+    if isinstance(r, np.ndarray) and not isinstance(r, ShapeArray):
+        return r.view(ShapeArray)
+    if isinstance(r, (list, tuple)):
+        return type(r)(_rewrap(x) for x in r)
+    return r
+
+
+def zeros_like_shape(a: np.ndarray) -> ShapeArray:
+    """A ShapeArray with ``a``'s shape, dtype and layout."""
+    return empty(a.shape, a.dtype, _axes_order(a) if a.ndim > 1 else None)
+
+
+class _ShapeRNG:
+    """Stands in for a numpy Generator while models are built shape-only: every draw is a ShapeArray."""
+
+    def _draw(self, *args, size=None, **kwargs):
+        return empty(() if size is None else np.atleast_1d(size).tolist(), np.float64)
+
+    def normal(self, loc=0.0, scale=1.0, size=None):
+        return self._draw(size=size)
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        return self._draw(size=size)
+
+    def standard_normal(self, size=None, dtype=np.float64):
+        return self._draw(size=size)
+
+
+_BUILDING = [0]
+
+
+@contextmanager
+def building() -> Iterator[None]:
+    """Models built inside hold ShapeArray weights: nothing is drawn or stored (a 405B layer costs no memory)."""
+    _BUILDING[0] += 1
+    try:
+        yield
+    finally:
+        _BUILDING[0] -= 1
+
+
+def shape_rng() -> _ShapeRNG | None:
+    """The stand-in generator while :func:`building` is active, else None."""
+    return _ShapeRNG() if _BUILDING[0] else None
+
+
+def shape_only(module):
+    """Replace every parameter's values of ``module`` by a ShapeArray of the same shape (in place); returns it."""
+    for _, p in module.named_parameters():
+        p.data = zeros_like_shape(p.data)
+    return module
