@@ -51,9 +51,9 @@ def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
         # The backward keeps the local derivative dy/dx, computed here while t = tanh(...) of the
         # block is still in cache: the backward is then one multiply instead of a dozen passes.
         # It takes the memory of t, which the backward would otherwise need.
-        y = np.empty(xd.shape, xd.dtype)
+        y = np.empty_like(xd, order="C")  # a shape-only input gives a shape-only output
         if needs_grad(x):
-            dydx = np.empty(xd.shape, xd.dtype)
+            dydx = np.empty_like(xd, order="C")
             blockwise(_gelu_tanh, xd, y, dydx)
         else:
             blockwise(_gelu_tanh, xd, y)
