@@ -62,20 +62,16 @@ def _charge(c, coll: str, nbytes: int, total: int) -> None:
         c.advance(collective_time(coll, total, c.size, link.alpha, link.beta, alg))
 
 
-def _wait(c, req) -> None:
-    c.wait_request(req)
-
-
 @_native("all_reduce")
 def all_reduce(c, buf: np.ndarray, op: ReduceOp) -> None:
     comm = _comm(c)
-    _wait(c, comm.Iallreduce(_mpi().IN_PLACE, buf, op=_OPS[op]))
+    c.wait_request(comm.Iallreduce(_mpi().IN_PLACE, buf, op=_OPS[op]))
     _charge(c, "all_reduce", buf.nbytes, buf.nbytes)
 
 
 @_native("broadcast")
 def broadcast(c, buf: np.ndarray, root: int) -> None:
-    _wait(c, _comm(c).Ibcast(buf, root=root))
+    c.wait_request(_comm(c).Ibcast(buf, root=root))
     _charge(c, "broadcast", buf.nbytes, buf.nbytes)
 
 
@@ -83,7 +79,7 @@ def broadcast(c, buf: np.ndarray, root: int) -> None:
 def reduce(c, buf: np.ndarray, root: int, op: ReduceOp) -> None:
     comm = _comm(c)
     send = _mpi().IN_PLACE if c.rank == root else buf
-    _wait(c, comm.Ireduce(send, buf if c.rank == root else None, op=_OPS[op], root=root))
+    c.wait_request(comm.Ireduce(send, buf if c.rank == root else None, op=_OPS[op], root=root))
     _charge(c, "reduce", buf.nbytes, buf.nbytes)
 
 
@@ -91,7 +87,7 @@ def reduce(c, buf: np.ndarray, root: int, op: ReduceOp) -> None:
 def scatter(c, out: np.ndarray, chunks, root: int) -> None:
     comm = _comm(c)
     send = np.concatenate(chunks) if c.rank == root else None
-    _wait(c, comm.Iscatter(send, out, root=root))
+    c.wait_request(comm.Iscatter(send, out, root=root))
     _charge(c, "scatter", out.nbytes, out.nbytes * c.size)
 
 
@@ -99,7 +95,7 @@ def scatter(c, out: np.ndarray, chunks, root: int) -> None:
 def gather(c, inp: np.ndarray, chunks, root: int) -> None:
     comm = _comm(c)
     recv = np.empty(inp.size * c.size, inp.dtype) if c.rank == root else None
-    _wait(c, comm.Igather(inp, recv, root=root))
+    c.wait_request(comm.Igather(inp, recv, root=root))
     if c.rank == root:
         for i, part in enumerate(np.split(recv, c.size)):
             chunks[i][...] = part
@@ -109,7 +105,7 @@ def gather(c, inp: np.ndarray, chunks, root: int) -> None:
 @_native("all_gather")
 def all_gather(c, outs: list, inp: np.ndarray) -> None:
     recv = np.empty(inp.size * c.size, inp.dtype)
-    _wait(c, _comm(c).Iallgather(inp, recv))
+    c.wait_request(_comm(c).Iallgather(inp, recv))
     for i, part in enumerate(np.split(recv, c.size)):
         outs[i][...] = part
     _charge(c, "all_gather", inp.nbytes, inp.nbytes * c.size)
@@ -118,7 +114,7 @@ def all_gather(c, outs: list, inp: np.ndarray) -> None:
 @_native("reduce_scatter")
 def reduce_scatter(c, out: np.ndarray, ins: list, op: ReduceOp) -> None:
     send = np.concatenate(ins)
-    _wait(c, _comm(c).Ireduce_scatter_block(send, out, op=_OPS[op]))
+    c.wait_request(_comm(c).Ireduce_scatter_block(send, out, op=_OPS[op]))
     _charge(c, "reduce_scatter", out.nbytes, out.nbytes * c.size)
 
 
@@ -134,7 +130,7 @@ def all_to_all(c, outs: list, ins: list) -> None:
     rcounts = [o.size for o in outs]
     sdispl = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(int).tolist()
     rdispl = np.concatenate([[0], np.cumsum(rcounts)[:-1]]).astype(int).tolist()
-    _wait(c, _comm(c).Ialltoallv([send, (scounts, sdispl), mtype], [recv, (rcounts, rdispl), mtype]))
+    c.wait_request(_comm(c).Ialltoallv([send, (scounts, sdispl), mtype], [recv, (rcounts, rdispl), mtype]))
     for o, a, n in zip(outs, rdispl, rcounts):
         o[...] = recv[a : a + n]
     _charge(c, "all_to_all", max(scounts, default=0) * dtype.itemsize, send.nbytes)
@@ -142,7 +138,7 @@ def all_to_all(c, outs: list, ins: list) -> None:
 
 @_native("barrier")
 def barrier(c) -> None:
-    _wait(c, _comm(c).Ibarrier())
+    c.wait_request(_comm(c).Ibarrier())
     if c.size > 1:
         link = c.cluster.intra_link if len({c.node(i) for i in range(c.size)}) == 1 else c.cluster.inter_link
         c.advance((c.size - 1).bit_length() * link.alpha)  # a dissemination barrier: ceil(log2 p) rounds of alpha
