@@ -8,7 +8,7 @@ message is charged on the modelled cluster exactly as in shared memory, whatever
 the wall time of the real run is in ``LaunchResult.wall``.
 
 No hangs and no leftovers: ranks time out inside a wait like simulated ones, a rank that raises aborts
-the MPI job, the launcher stops the job (its whole process group) when a rank overstays ``timeout`` after
+the MPI job, the launcher stops the job (mpiexec, its proxy and every rank) when a rank overstays ``timeout`` after
 the first returned, past ``deadline``, or on Ctrl-C, and the folder is removed whatever happens.
 """
 
@@ -93,14 +93,51 @@ class _Job:
                     self.order.append(r)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop mpiexec and every rank it started (they share its process group)."""
-    if proc.poll() is None:
+def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
+    """Stop mpiexec, its proxy and every rank, and wait until they are gone.
+
+    MPICH's launcher puts its proxy and each rank in a session of their own, so killing mpiexec's process
+    group does not reach them, and after an MPI_Abort mpiexec may exit while a rank is still on its way
+    out. The job's processes are found by what they carry: the ranks' command lines name this launch's
+    private folder, the proxy is mpiexec's child.
+    """
+    pids = _job_processes(folder, proc.pid)
+    for pid in [proc.pid, *pids]:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     proc.wait()
+    end = time.monotonic() + grace
+    while pids and time.monotonic() < end:
+        time.sleep(0.005)
+        pids = [p for p in pids if _running(p)]
+
+
+def _job_processes(folder: str, mpiexec: int) -> list[int]:
+    """Every live process whose command line names ``folder``, or whose parent is ``mpiexec`` (Linux /proc)."""
+    found = []
+    key = folder.encode()
+    for d in Path("/proc").glob("[0-9]*"):
+        pid = int(d.name)
+        if pid in (mpiexec, os.getpid()):
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if key in cmd or ppid == mpiexec:
+            found.append(pid)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None, timeout: float,
@@ -145,13 +182,13 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
             elif first_done is not None and now - first_done > timeout:
                 overstayed = f"{timeout:g} s (the timeout) after rank {min(oks)} returned"
             if overstayed:
-                _stop(proc)
                 break
+        _stop(proc, folder)
         job.look()
         wall = time.monotonic() - t0
     except BaseException:
         if proc is not None:
-            _stop(proc)
+            _stop(proc, folder)
         shutil.rmtree(folder, ignore_errors=True)
         live.close({})
         raise
