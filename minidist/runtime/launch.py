@@ -30,6 +30,7 @@ from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import context, pickling, shm
 from minidist.runtime.errors import RankError, process_state
+from minidist.runtime.inprocess_launch import launch_inprocess
 from minidist.runtime.live import LiveView
 from minidist.runtime.mpi_launch import launch_mpi
 from minidist.runtime.rank_process import rank_main
@@ -353,7 +354,9 @@ def launch(
     return too. ``deadline`` (seconds, default none) bounds the whole launch. A rank that overstays
     either limit is stopped and reported with the line it was running. ``start_method`` is "fork"
     (default on Linux: fast) or "spawn". ``backend="mpi"`` starts the ranks with ``mpiexec`` instead, one MPI
-    process each, exchanging their messages over MPI (``mpi_launch.py``; the simulated clocks run as usual).
+    process each, exchanging their messages over MPI (``mpi_launch.py``; the simulated clocks run as usual);
+    ``backend="inprocess"`` runs them as threads of this process taking turns (``inprocess_launch.py``: the same
+    results and clocks, no process started, for shape-only runs of many ranks).
     What ranks print is shown as it happens in a long launch and grouped by rank otherwise, with the
     progress ranks report through ``md.dist.progress`` (see live.py; ``quiet=True`` keeps the output in
     ``result.stdout`` only). Raises RankError if any rank raises.
@@ -372,8 +375,12 @@ def launch(
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
                                  or not math.isfinite(deadline) or deadline <= 0):
         raise ValueError(f"launch: deadline must be None or a positive number of seconds, got {deadline!r}")
-    if backend not in ("sim", "mpi"):
-        raise ValueError(f"launch: backend must be 'sim' (shared memory) or 'mpi', got {backend!r}")
+    if backend not in ("sim", "mpi", "inprocess"):
+        raise ValueError(f"launch: backend must be 'sim' (shared memory), 'mpi' or 'inprocess', got {backend!r}")
+    if backend == "inprocess":
+        if start_method is not None:
+            raise ValueError("launch: start_method applies to backend='sim' only (inprocess ranks are threads)")
+        return launch_inprocess(fn, world_size, args, kwargs, cluster, timeout, quiet, deadline)
     if backend == "mpi":
         if start_method is not None:
             raise ValueError("launch: start_method applies to backend='sim' only (mpiexec starts MPI ranks)")

@@ -1,0 +1,260 @@
+"""``md.launch(fn, world_size, backend="inprocess")``: every rank a thread of this process, one at a time.
+
+Simulated time never depended on which rank the operating system ran when: each message carries the
+times its sender's clock booked, and a receive completes at ``max(arrival, posted)``. So ranks can take
+turns on one core, an event-driven simulation: a rank runs until it must wait for a message (or for its
+peers to join a collective), then hands the turn to the next rank that can move (``Turns``). Clocks,
+ledgers, traces and results are bitwise those of one process per rank; no process is started and no byte
+of shared memory is mapped, which is what a shape-only run of thousands of ranks needs.
+
+What the process holds per rank (the ``md.dist`` context, the cost hook, grad mode, autocast, the default
+generator, a few strategy registries, ``sys.stdout``) is swapped in and out with the turn (``RANK_STATE``).
+When no rank can move, the waits form a deadlock: it is raised at once, naming who waits for what. A
+rank that loops forever keeps the turn; ``deadline`` and Ctrl-C stop it (an exception raised in its thread).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import importlib
+import sys
+import threading
+import time
+import traceback
+
+import dill
+
+from minidist.hardware.clock import Clock
+from minidist.hardware.cluster import Cluster
+from minidist.hardware.memory import MemoryLedger
+from minidist.hardware.trace import Recorder, Trace
+from minidist.runtime import context
+from minidist.runtime.errors import DeadlockError, RankAborted
+from minidist.runtime.inprocess_transport import Exchange, InProcessTransport
+from minidist.runtime.live import LiveView, RankStream
+
+# Module-level state that belongs to the rank running, not to the process (module, attribute). A forked
+# rank gets its own copy of each; here each rank starts from a copy of the launcher's and keeps its own.
+RANK_STATE = (
+    ("minidist.runtime.context", "_current"),
+    ("minidist.autograd.cost", "_hook"),
+    ("minidist.autograd.grad_mode", "_enabled"),
+    ("minidist.autograd.autocast", "_round"),
+    ("minidist.autograd.autocast", "_round_grad"),
+    ("minidist.autograd.random", "_generator"),
+    ("minidist.autograd.shape_only", "_BUILDING"),
+    ("minidist.parallel.sequence_parallel", "_scope"),
+    ("minidist.parallel.split_backward", "_capturing"),
+    ("sys", "stdout"),
+    ("sys", "stderr"),
+)
+
+
+def _modules() -> list:
+    return [(importlib.import_module(m), a) for m, a in RANK_STATE]
+
+
+class Turns:
+    """Which rank runs: one at a time, handed over when the running one must wait (round robin)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.go = [threading.Event() for _ in range(world)]
+        self.waits: dict[int, tuple] = {}  # rank -> (ready(), what it waits for, peers)
+        self.done: set[int] = set()
+        self.failed: set[int] = set()
+        self.aborted: str | None = None
+        self.state: list[list] = [[] for _ in range(world)]
+        self.threads: dict[int, int] = {}  # rank -> thread ident
+        self.running: int | None = None
+        self.interrupted: set[int] = set()
+        self.finished = threading.Event()
+        self.mods = _modules()
+
+    # -- the state a rank carries ----------------------------------------------------------------
+    def seed_state(self, rank: int, ctx, stream) -> None:
+        vals = []
+        for mod, attr in self.mods:
+            v = getattr(mod, attr)
+            vals.append(copy.deepcopy(v) if isinstance(v, (list, dict)) or attr == "_generator" else v)
+        names = [a for _, a in self.mods]
+        vals[names.index("_current")] = ctx
+        vals[names.index("_hook")] = ctx.clock.hook
+        vals[names.index("stdout")] = vals[names.index("stderr")] = stream
+        self.state[rank] = vals
+
+    def _save(self, rank: int) -> None:
+        self.state[rank] = [getattr(mod, attr) for mod, attr in self.mods]
+
+    def _restore(self, rank: int) -> None:
+        for (mod, attr), v in zip(self.mods, self.state[rank]):
+            setattr(mod, attr, v)
+        self.running = rank
+
+    # -- turns ---------------------------------------------------------------------------------
+    def start(self, rank: int) -> None:
+        """A rank's thread waits here for its first turn."""
+        self.threads[rank] = threading.get_ident()
+        self.go[rank].wait()
+        self.go[rank].clear()
+        self._restore(rank)
+
+    def _next(self, rank: int) -> int | None:
+        for k in range(1, self.world + 1):
+            r = (rank + k) % self.world
+            if r in self.done:
+                continue
+            w = self.waits.get(r)
+            if w is None or self.aborted is not None or w[0]():
+                return r
+        return None
+
+    def _hand(self, rank: int, nxt: int) -> None:
+        self._save(rank)
+        self.go[nxt].set()
+        self.go[rank].wait()
+        self.go[rank].clear()
+        self._restore(rank)
+
+    def block(self, rank: int, ready, what: str, peers: list[int]) -> None:
+        """Let the other ranks run until ``ready()``; a deadlock or an abort raises instead."""
+        while not ready():
+            if self.aborted is not None:
+                raise RankAborted(f"rank {rank} stopped because {self.aborted}")
+            self.waits[rank] = (ready, what, peers)
+            nxt = self._next(rank)
+            if nxt is None or nxt == rank:
+                del self.waits[rank]
+                report = self.describe(rank, what, peers)
+                self.aborted = f"of a deadlock ({report})"
+                raise DeadlockError(f"deadlock: no rank can move. {report}")
+            self._hand(rank, nxt)
+            del self.waits[rank]
+
+    def describe(self, rank: int, what: str, peers: list[int]) -> str:
+        lines = [f"rank {rank} waits in {what} for ranks {peers}"]
+        for r in sorted(self.waits):
+            if r != rank:
+                _, w, p = self.waits[r]
+                lines.append(f"rank {r} waits in {w} for ranks {p}")
+        lines += [f"rank {r} has {'failed' if r in self.failed else 'finished'}" for r in sorted(self.done)]
+        return "; ".join(lines)
+
+    def abort(self, message: str) -> None:
+        if self.aborted is None:
+            self.aborted = message
+
+    def finish(self, rank: int, failed: bool) -> None:
+        """Rank ``rank`` returned or raised: the turn goes on, or the launch is over."""
+        self.done.add(rank)
+        if failed:
+            self.failed.add(rank)
+        self._save(rank)
+        self.running = None
+        if len(self.done) == self.world:
+            self.finished.set()
+            return
+        nxt = self._next(rank)
+        if nxt is None:  # everyone left waits for someone: nobody can move again
+            first = min(self.waits)
+            _, what, peers = self.waits[first]
+            self.abort(f"of a deadlock ({self.describe(first, what, peers)})")
+            nxt = first
+        self.go[nxt].set()
+
+    def interrupt(self, why: str) -> None:
+        """From the launcher's thread: stop the running rank with RankAborted (Ctrl-C, deadline)."""
+        self.abort(why)
+        r = self.running
+        ident = self.threads.get(r) if r is not None else None
+        if ident is not None and r not in self.interrupted:
+            self.interrupted.add(r)
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(RankAborted))
+
+
+def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None,
+                     timeout: float, quiet: bool, deadline: float | None):
+    """Run ``fn`` on ``world_size`` thread-ranks taking turns; the LaunchResult or the RankError of the failure."""
+    from minidist.runtime.launch import LaunchResult, _failure  # the launcher's own result and error
+
+    cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
+    turns = Turns(world_size)
+    exchange = Exchange(world_size)
+    live = LiveView(world_size, quiet)
+    real = sys.stdout, sys.stderr
+    reports: dict[int, tuple] = {}
+    order: list[int] = []
+
+    def shown(call):  # the live view prints to the launcher's streams, not to the rank's capture
+        def f(*a):
+            saved = sys.stdout, sys.stderr
+            sys.stdout, sys.stderr = real
+            try:
+                call(*a)
+            finally:
+                sys.stdout, sys.stderr = saved
+        return f
+
+    def body(rank: int, ctx, recorder, out) -> None:
+        turns.start(rank)
+        try:
+            try:
+                value = fn(*args, **(kwargs or {}))
+                ctx.transport.flush()
+                reports[rank] = ("ok", value, ctx.clock.end(), ctx.memory, recorder.events, out.getvalue())
+            except BaseException as e:
+                if not isinstance(e, RankAborted):
+                    turns.abort(f"rank {rank} raised {type(e).__name__}: {e}")
+                why = str(e) or f"rank {rank} was stopped because {turns.aborted}"  # raised from the launcher
+                try:
+                    exc = dill.dumps(e)
+                except Exception:
+                    exc = None
+                reports[rank] = ("error", type(e).__name__, why, traceback.format_exc(), exc, out.getvalue())
+            order.append(rank)
+        finally:
+            turns.finish(rank, reports.get(rank, ("error",))[0] == "error")
+
+    threads = []
+    for r in range(world_size):
+        recorder = Recorder(r)
+        clock = Clock(r, cluster, recorder)
+        ledger = MemoryLedger(cluster.hbm, r)
+        ledger.attach_clock(clock.now)
+        ctx = context.RankContext(r, world_size, cluster, clock, ledger,
+                                  InProcessTransport(r, exchange, turns, clock, timeout), timeout)
+        ctx.recorder = recorder
+        ctx.report_progress = shown(lambda done, total, what, r=r: live.report(r, done, total, what))
+        out = RankStream(shown(lambda text, r=r: live.output(r, text)))
+        turns.seed_state(r, ctx, out)
+        threads.append(threading.Thread(target=body, args=(r, ctx, recorder, out), name=f"minidist-rank-{r}",
+                                        daemon=True))
+    launcher = [getattr(mod, attr) for mod, attr in turns.mods]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    turns.go[0].set()
+    try:
+        while not turns.finished.wait(0.05):
+            if deadline is not None and time.monotonic() - t0 > deadline:
+                turns.interrupt(f"the launch's deadline of {deadline:g} s")
+    except KeyboardInterrupt:
+        turns.interrupt("the launch was interrupted (Ctrl-C)")
+        turns.finished.wait(2.0)
+        raise
+    finally:
+        for (mod, attr), v in zip(turns.mods, launcher):
+            setattr(mod, attr, v)
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    live.close({r: rep[-1] for r, rep in reports.items()})
+    errors = {r: rep[1:5] for r, rep in reports.items() if rep[0] == "error"}
+    if errors:
+        raise _failure(errors, [r for r in order if r in errors])
+    w = range(world_size)
+    res = LaunchResult([reports[r][1] for r in w], [reports[r][2] for r in w], [reports[r][3] for r in w],
+                       Trace.from_recorders({r: reports[r][4] for r in w}), [reports[r][5] for r in w])
+    res.wall = wall
+    return res
