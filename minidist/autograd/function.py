@@ -94,14 +94,12 @@ class Function:
 
         positions = [i for i, need in enumerate(ctx.needs_input_grad) if need]
         parents = tuple(args[i] for i in positions)
-        shapes = [d.shape for d in datas]
-        dtypes = [d.dtype for d in datas]
         name = cls.__name__
 
         def run(grads: list) -> tuple:
             # private writable copies: a backward may all-reduce its gradient in place
-            gs = [_const(np.zeros(s, dtype=t) if g is None else np.array(g, dtype=t, copy=True))
-                  for g, s, t in zip(grads, shapes, dtypes)]
+            gs = [_const(np.zeros(d.shape, dtype=d.dtype, like=d) if g is None else
+                         np.asanyarray(g).astype(d.dtype, copy=True)) for g, d in zip(grads, datas)]
             previous = _gm.set_grad_enabled(False)  # a backward is not itself differentiated
             try:
                 out = cls.backward(ctx, *gs)

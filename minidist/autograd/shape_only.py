@@ -21,6 +21,10 @@ from contextlib import contextmanager
 
 import numpy as np
 
+_CREATION = ("zeros", "empty", "ones", "full")
+_ELEMENTWISE = {"isneginf": True, "isposinf": True, "nan_to_num": False, "clip": False, "round": False,
+                "around": False, "real_if_close": False}  # name -> whether the result is boolean
+_REDUCTIONS = ("sum", "mean", "prod", "max", "min", "amax", "amin", "std", "var", "any", "all")
 _VOID = np.dtype([])  # itemsize 0: numpy's indexing and shape rules on arrays that hold no bytes
 _VALUE_DEPENDENT = {"argsort", "nonzero", "flatnonzero", "unique", "bincount", "searchsorted", "argmax", "argmin",
                     "sort", "partition", "argpartition", "allclose", "array_equal", "isclose", "count_nonzero"}
@@ -87,6 +91,18 @@ def _gufunc_shape(ufunc, inputs) -> tuple:
     return np.broadcast_shapes(*loops) + tuple(sizes[c] for c in parse(outs)[0])
 
 
+def _reduced(shape: tuple, axis, keepdims: bool) -> tuple:
+    """The shape of a reduction of ``shape`` over ``axis`` (None: every axis)."""
+    shape = list(shape)
+    axes = range(len(shape)) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    for a in sorted({a % len(shape) for a in axes} if shape else (), reverse=True):
+        if keepdims:
+            shape[a] = 1
+        else:
+            del shape[a]
+    return tuple(shape)
+
+
 def _matmul_shape(a: tuple, b: tuple) -> tuple:
     a2, b2 = ((1,) + a if len(a) == 1 else a), (b + (1,) if len(b) == 1 else b)
     shape = np.broadcast_shapes(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
@@ -115,16 +131,9 @@ class ShapeArray(np.ndarray):
                 with np.errstate(all="ignore"):
                     dtype = np.asarray(ufunc(*probe, **({"dtype": dt} if dt is not None else {}))).dtype
         elif method in ("reduce", "accumulate"):
-            x, shape = inputs[0], list(np.shape(inputs[0]))
+            x, shape = inputs[0], tuple(np.shape(inputs[0]))
             if method == "reduce":
-                axis = kw.get("axis", 0)
-                axes = range(len(shape)) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
-                for a in sorted({a % len(shape) for a in axes} if shape else (), reverse=True):
-                    if kw.get("keepdims"):
-                        shape[a] = 1
-                    else:
-                        del shape[a]
-            shape = tuple(shape)
+                shape = _reduced(shape, kw.get("axis", 0), kw.get("keepdims", False))
             with np.errstate(all="ignore"):
                 dtype = getattr(ufunc, method)(np.zeros((1,), _dtype(x)), **({"dtype": dt} if dt else {})).dtype
         elif method == "outer":
@@ -143,6 +152,29 @@ class ShapeArray(np.ndarray):
             raise TypeError(f"shape-only arrays: np.{name} depends on the values (give its sizes instead)")
         if name in ("may_share_memory", "shares_memory", "copyto", "shape", "ndim", "size", "result_type"):
             return super().__array_function__(func, types, args, kwargs) if name != "copyto" else None
+        if name in _CREATION:  # np.zeros(..., like=a shape-only array): another one, allocated nowhere
+            shape, rest = (args[0], args[1:]) if args else (kwargs.pop("shape"), ())
+            fill = rest[0] if name == "full" and rest else kwargs.get("fill_value", 0)
+            dtype = kwargs.get("dtype") or (rest[0] if rest and name != "full" else None)
+            if dtype is None:
+                dtype = np.asarray(fill).dtype if name == "full" else np.float64
+            return empty(tuple(np.atleast_1d(shape).tolist()) if np.ndim(shape) else (int(shape),), dtype)
+        if name in ("zeros_like", "empty_like", "ones_like", "full_like") and isinstance(args[0], ShapeArray):
+            a = args[0]  # numpy keeps the input's layout (order "K") unless told otherwise
+            pos = 2 if name == "full_like" else 1
+            dtype = kwargs.get("dtype") or (args[pos] if len(args) > pos else None) or a.dtype
+            shape = kwargs.get("shape")
+            keep = shape is None and kwargs.get("order", "K") in ("K", "A") and a.ndim > 1
+            return empty(a.shape if shape is None else shape, dtype, _axes_order(a) if keep else None)
+        if name in _ELEMENTWISE and isinstance(args[0], ShapeArray):  # numpy writes these from ufuncs
+            a = args[0]
+            return empty(a.shape, np.bool_ if _ELEMENTWISE[name] else a.dtype, _like([a], a.shape))
+        if name in _REDUCTIONS and isinstance(args[0], ShapeArray):
+            a = args[0]
+            axis = args[1] if len(args) > 1 else kwargs.get("axis")
+            keep = {k: v for k, v in kwargs.items() if k in ("dtype", "keepdims")}
+            probe = func(np.zeros((1,) * a.ndim, a.dtype), axis=axis, **keep)  # the result's dtype and rank
+            return empty(_reduced(a.shape, axis, kwargs.get("keepdims", False)), np.asarray(probe).dtype)
         if name == "einsum":
             ins, outs = args[0].replace(" ", "").split("->")
             sizes = {c: n for sub, op in zip(ins.split(","), args[1:]) for c, n in zip(sub, np.shape(op))}
@@ -242,6 +274,7 @@ class _ShapeRNG:
 
 
 _BUILDING = [0]
+_KIND = empty((0,))
 
 
 @contextmanager
@@ -252,6 +285,11 @@ def building() -> Iterator[None]:
         yield
     finally:
         _BUILDING[0] -= 1
+
+
+def array_kind() -> ShapeArray | None:
+    """What ``like=`` takes for a model's constant arrays (ones, zeros): a ShapeArray while building, else None."""
+    return _KIND if _BUILDING[0] else None
 
 
 def shape_rng() -> _ShapeRNG | None:

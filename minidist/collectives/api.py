@@ -226,7 +226,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     flat, back = _flat(arr)
     chunks = None
     if g.group_rank(ctx.rank) == root:
-        chunks = [np.ascontiguousarray(a).reshape(-1) for a in _list_of(scatter_list, arr, "scatter",
+        chunks = [np.require(a, requirements="C").reshape(-1) for a in _list_of(scatter_list, arr, "scatter",
                                                                        "scatter_list", g.size())]
     return _run("scatter", "scatter", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
@@ -240,7 +240,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
     root = _root(dst, group, "gather", "dst")
     ctx = current("md.dist.gather")
     g = ctx.world if group is None else group
-    inp = np.ascontiguousarray(arr).reshape(-1)
+    inp = np.require(arr, requirements="C").reshape(-1)
     chunks, backs = None, []
     if g.group_rank(ctx.rank) == root:
         chunks = []
@@ -265,7 +265,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
         outs.append(f)
         if b is not None:
             backs.append(b)
-    inp = np.ascontiguousarray(arr).reshape(-1)
+    inp = np.require(arr, requirements="C").reshape(-1)
     return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, _describe(arr.shape, arr.dtype), async_op,
                 lambda c, fn: fn(c, outs, inp), lambda: [b() for b in backs])
 
@@ -285,7 +285,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
                          f"with input {_describe(inp.shape, inp.dtype)} need shape {want}")
     flat, back = _flat(out)
     outs = np.split(flat, p)
-    src = np.ascontiguousarray(inp).reshape(-1)
+    src = np.require(inp, requirements="C").reshape(-1)
     return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
                 _describe(inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
 
@@ -346,7 +346,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     ins_sz = _splits(input_split_sizes, inp.shape[0], p, "input_split_sizes", "input")
     outs_sz = _splits(output_split_sizes, out.shape[0], p, "output_split_sizes", "output")
     row = int(np.prod(inp.shape[1:], dtype=np.int64))
-    src = np.ascontiguousarray(inp).reshape(-1)
+    src = np.require(inp, requirements="C").reshape(-1)
     flat, back = _flat(out)
     ins = np.split(src, np.cumsum([s * row for s in ins_sz])[:-1])
     outs = np.split(flat, np.cumsum([s * row for s in outs_sz])[:-1])

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from minidist.autograd import functional as F
+from minidist.autograd.shape_only import array_kind
 from minidist.nn.module import Module, Parameter, as_rng
 
 
@@ -48,7 +49,7 @@ class Linear(Module):
             b = rng.uniform(-k, k, out_features) if bias else None
         else:
             w = rng.normal(0.0, init_std, (in_features, out_features))
-            b = np.zeros(out_features) if bias else None
+            b = np.zeros(out_features, like=array_kind()) if bias else None
         # Draw in float64 and cast, so a float32 model holds the rounded weights of the float64 one.
         self.weight = Parameter(w.astype(dtype))
         self.bias = Parameter(b.astype(dtype)) if bias else None
@@ -90,8 +91,8 @@ class LayerNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True, dtype="float32") -> None:
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = Parameter(np.ones(dim, dtype=dtype))
-        self.bias = Parameter(np.zeros(dim, dtype=dtype)) if bias else None
+        self.weight = Parameter(np.ones(dim, dtype=dtype, like=array_kind()))
+        self.bias = Parameter(np.zeros(dim, dtype=dtype, like=array_kind())) if bias else None
 
     def forward(self, x):
         return F.layer_norm(x, self.weight, self.bias, self.eps)
@@ -106,7 +107,7 @@ class RMSNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, dtype="float32") -> None:
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = Parameter(np.ones(dim, dtype=dtype))
+        self.weight = Parameter(np.ones(dim, dtype=dtype, like=array_kind()))
 
     def forward(self, x):
         return F.rms_norm(x, self.weight, self.eps)

@@ -21,7 +21,7 @@ def sgd_update_(param: np.ndarray, grad: np.ndarray, buf: np.ndarray | None, *, 
     d = grad + weight_decay * param if weight_decay else grad
     if momentum:
         if buf is None:
-            buf = np.array(d, dtype=param.dtype, copy=True)
+            buf = d.astype(param.dtype, copy=True)
         else:
             buf *= momentum
             buf += d

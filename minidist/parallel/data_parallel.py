@@ -97,8 +97,8 @@ class BucketedReducer(Hooks):
 
     def _launch(self, ui: int) -> None:
         u = self.units[ui]  # a bucket without a standing buffer (ZeRO-2) gets a transient one here
-        flat = u.flatten([np.zeros(p.data.shape, p.data.dtype) if p.grad is None else p.grad for p in u.params],
-                         self.flats[ui])
+        flat = u.flatten([np.zeros(p.data.shape, p.data.dtype, like=p.data) if p.grad is None else p.grad
+                          for p in u.params], self.flats[ui])
         self._launched[ui] = True
         work = self.collective(u, flat)
         if work is not None:

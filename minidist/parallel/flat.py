@@ -33,6 +33,7 @@ class FlatUnit:
         self.shard_size = -(-self.numel // world)
         self.padded = self.shard_size * world
         self.padding = self.padded - self.numel
+        self.kind = np.empty(0, self.dtype, like=self.params[0].data)  # new buffers are of this kind (shape-only?)
 
     # -- layout ----------------------------------------------------------------------------
     @property
@@ -48,8 +49,8 @@ class FlatUnit:
         return self.dtype.itemsize
 
     def empty(self) -> np.ndarray:
-        """A zeroed padded flat buffer of this unit's dtype."""
-        return np.zeros(self.padded, dtype=self.dtype)
+        """A zeroed padded flat buffer of this unit's dtype (shape-only when the parameters are)."""
+        return np.zeros(self.padded, dtype=self.dtype, like=self.kind)
 
     def flatten(self, arrays, out: np.ndarray | None = None) -> np.ndarray:
         """Copy ``arrays`` (one per parameter, in order) into a padded flat buffer."""

@@ -105,7 +105,7 @@ class ShardedModel(Hooks):
             self._point(ui)
             for p in u.params:
                 p.regathered = True  # the autograd reads it again at backward time instead of keeping it
-        self.grad_shards = [np.zeros(u.shard_size, u.dtype) for u in self.units]
+        self.grad_shards = [np.zeros(u.shard_size, u.dtype, like=s) for u, s in zip(self.units, self.shards)]
         self.gathered = [True] * len(self.units)
         self._gathers: dict[int, object] = {}
         self._reductions: list[tuple] = []
@@ -236,13 +236,14 @@ class ShardedModel(Hooks):
     def _reduce(self, ui: int) -> None:
         """Start reduce-scattering unit ``ui``'s gradient into its shard; its weights are no longer needed."""
         u = self.units[ui]
-        flat = u.flatten([np.zeros(p.data.shape, u.dtype) if p.grad is None else p.grad for p in u.params])
+        like = self.shards[ui]
+        flat = u.flatten([np.zeros(p.data.shape, u.dtype, like=like) if p.grad is None else p.grad for p in u.params])
         for p in u.params:
             p.grad = None
         self._release(ui)  # the unit's backward is over: nothing reads its weights until the next step
         self._drain(keep=1)  # at most two gradient buffers alive: one reducing, one being filled
         self.ledger.alloc("buffers", flat.nbytes)
-        out = np.empty(u.shard_size, u.dtype)
+        out = np.empty(u.shard_size, u.dtype, like=flat)
         work = None
         if u.world == 1:
             out[...] = flat

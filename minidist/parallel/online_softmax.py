@@ -44,9 +44,10 @@ class SoftmaxState(NamedTuple):
     o: np.ndarray
 
 
-def identity_state(shape: tuple[int, ...], dv: int, dtype=np.float64) -> SoftmaxState:
-    """The neutral element of :func:`merge` for queries of batch shape ``shape`` (..., Tq)."""
-    return SoftmaxState(np.full(shape, -np.inf, dtype), np.zeros(shape, dtype), np.zeros(shape + (dv,), dtype))
+def identity_state(shape: tuple[int, ...], dv: int, dtype=np.float64, like: np.ndarray | None = None) -> SoftmaxState:
+    """The neutral element of :func:`merge` for queries of batch shape ``shape`` (..., Tq), arrays like ``like``."""
+    return SoftmaxState(np.full(shape, -np.inf, dtype, like=like), np.zeros(shape, dtype, like=like),
+                        np.zeros(shape + (dv,), dtype, like=like))
 
 
 def _finite(m: np.ndarray) -> np.ndarray:
@@ -172,7 +173,7 @@ class BlockwiseAttention(Function):
         qb, kb = block_ranges(T, block_size), block_ranges(S, block_size)
         outs, lses = [], []
         for q0, q1 in qb:
-            st = identity_state(q5.shape[:3] + (q1 - q0,), vd.shape[-1], qd.dtype)
+            st = identity_state(q5.shape[:3] + (q1 - q0,), vd.shape[-1], qd.dtype, like=qd)
             for k0, k1 in kb:
                 rel = causal_relation((q0, q1), (k0, k1)) if is_causal else "full"
                 if isinstance(rel, str) and rel == "skip":
@@ -195,7 +196,7 @@ class BlockwiseAttention(Function):
         v5 = vd[:, :, None]
         do = g.data.reshape(out.shape)
         delta = (do * out).sum(axis=-1)
-        dq, dk, dv = np.zeros_like(q5), np.zeros(kd.shape, kd.dtype), np.zeros(vd.shape, vd.dtype)
+        dq, dk, dv = np.zeros_like(q5), np.zeros(kd.shape, kd.dtype, like=kd), np.zeros(vd.shape, vd.dtype, like=vd)
         for q0, q1 in qb:
             for k0, k1 in kb:
                 rel = causal_relation((q0, q1), (k0, k1)) if is_causal else "full"

@@ -147,6 +147,7 @@ class PipelineExecutor:
                              f"{len(targets)} targets, {len(weights)} weights")
         clock = current("PipelineExecutor.run").clock
         d, dtype = self.model.config.d_model, np.dtype(self.model.config.dtype)
+        like = next(iter(self.model.parameters())).data  # shape-only models receive shape-only activations
         inputs, outputs, recv, tokens, sends, routers = {}, {}, {}, {}, [], {}
         losses = 0.0
         for a in schedule.actions[self.stage]:
@@ -157,11 +158,11 @@ class PipelineExecutor:
             B, T = idx[a.mb].shape
             shape = (B, T // self.seq_shards, d)
             if a.op == "RECV_F":
-                buf = np.empty(shape, dtype=dtype)
+                buf = np.empty(shape, dtype=dtype, like=like)
                 dist.recv(buf, prev_r, tag=self._tag(0, a.mb, vs - 1))
                 recv[("F",) + key] = buf
             elif a.op == "RECV_B":
-                buf = np.empty(shape, dtype=dtype)
+                buf = np.empty(shape, dtype=dtype, like=like)
                 dist.recv(buf, next_r, tag=self._tag(1, a.mb, vs + 1))
                 recv[("B",) + key] = buf
             elif a.op == "SEND_F":

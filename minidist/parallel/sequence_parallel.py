@@ -146,7 +146,7 @@ class SequenceParallelDropout(Dropout):
         draw = self.rng.random(full, dtype=np.float64 if x.dtype == np.float64 else np.float32)
         mask = ((draw >= self.p) * (1.0 / (1.0 - self.p))).astype(x.dtype, copy=False)
         lo = self.tp.rank * n
-        return x * np.ascontiguousarray(mask[:, lo:lo + n])
+        return x * np.require(mask[:, lo:lo + n], requirements="C")
 
 
 class SequenceParallelPositions(Embedding):

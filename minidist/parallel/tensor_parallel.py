@@ -73,10 +73,10 @@ def all_gather_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
     """Concatenate every rank's ``a`` along ``axis`` (rank order)."""
     if tp.size == 1:
         return a
-    src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
-    out = np.empty((tp.size * src.shape[0],) + src.shape[1:], dtype=a.dtype)
+    src = np.require(np.moveaxis(a, axis, 0), requirements="C")
+    out = np.empty((tp.size * src.shape[0],) + src.shape[1:], dtype=a.dtype, like=src)
     dist.all_gather_into_tensor(out, src, group=tp.group, algorithm=offered("all_gather", tp.algorithm))
-    return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+    return np.require(np.moveaxis(out, 0, axis), requirements="C")
 
 
 def reduce_scatter_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
@@ -86,15 +86,15 @@ def reduce_scatter_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
                          f"by tp={tp.size}")
     if tp.size == 1:
         return a.copy()
-    src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
-    out = np.empty((src.shape[0] // tp.size,) + src.shape[1:], dtype=a.dtype)
+    src = np.require(np.moveaxis(a, axis, 0), requirements="C")
+    out = np.empty((src.shape[0] // tp.size,) + src.shape[1:], dtype=a.dtype, like=src)
     dist.reduce_scatter_tensor(out, src, group=tp.group, algorithm=offered("reduce_scatter", tp.algorithm))
-    return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+    return np.require(np.moveaxis(out, 0, axis), requirements="C")
 
 
 def _own(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
     lo, hi = tp.block(a.shape[axis], f"dimension {axis} of shape {a.shape}")
-    return np.ascontiguousarray(np.take(a, np.arange(lo, hi), axis=axis))
+    return np.require(np.take(a, np.arange(lo, hi), axis=axis), requirements="C")
 
 
 # -- the conjugate operators ---------------------------------------------------------------
@@ -116,7 +116,7 @@ class ReduceFromTensorParallel(Function):
 
     @staticmethod
     def forward(ctx, x, tp):
-        return _all_reduce(np.array(x.data, copy=True), tp)
+        return _all_reduce(x.data.copy(), tp)
 
     @staticmethod
     def backward(ctx, g):

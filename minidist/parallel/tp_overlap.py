@@ -55,7 +55,7 @@ def _start(a: np.ndarray, tp, axis: int, gather: bool):
     if not gather and a.shape[axis] % tp.size:
         raise ValueError(f"tensor-parallel overlap: dimension {axis} of shape {a.shape} (the sequence) is not "
                          f"divisible by tp={tp.size}")
-    src = np.ascontiguousarray(np.moveaxis(a, axis, 0))
+    src = np.require(np.moveaxis(a, axis, 0), requirements="C")
     rows = src.shape[0] * tp.size if gather else src.shape[0] // tp.size
     out = np.empty((rows,) + src.shape[1:], dtype=a.dtype)
     if gather:
@@ -67,7 +67,7 @@ def _start(a: np.ndarray, tp, axis: int, gather: bool):
 
     def finish() -> np.ndarray:
         work.wait()
-        return np.ascontiguousarray(np.moveaxis(out, 0, axis))
+        return np.require(np.moveaxis(out, 0, axis), requirements="C")
     return finish
 
 
@@ -92,7 +92,7 @@ def all_gather_matmul(x: np.ndarray, ws: list[np.ndarray], tp, axis: int = 1) ->
     n = x.shape[axis]
     total = np.empty(x.shape[:axis] + (t * n,) + x.shape[axis + 1:], dtype=x.dtype)
     outs = [np.empty(total.shape[:-1] + (w.shape[1],), dtype=np.result_type(x, w)) for w in ws]
-    cur = np.ascontiguousarray(x)
+    cur = np.require(x, requirements="C")
     for s in range(t):
         c = (tp.rank - s) % t
         rows = [slice(None)] * x.ndim
@@ -132,7 +132,7 @@ def matmul_reduce_scatter(x: np.ndarray, w: np.ndarray, tp, axis: int = 1) -> np
         if s > 0:  # the running sum of this block, from the previous rank, arrives under this matmul
             incoming = np.empty_like(acc)
             recv = dist.irecv(incoming, prev, TAG + s)
-        acc = _matmul(np.ascontiguousarray(x[tuple(rows)]), w)
+        acc = _matmul(np.require(x[tuple(rows)], requirements="C"), w)
         if recv is not None:
             recv.wait()
             acc = incoming + acc

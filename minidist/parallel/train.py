@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 import numbers
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from minidist import dist
+from minidist.autograd.shape_only import building
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, update_route_bias
@@ -88,13 +90,16 @@ def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
 
 
 def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
-                hyper: dict, tokens: np.ndarray, run: Attempt | None = None, mp: MixedPrecision | None = None) -> dict:
+                hyper: dict, tokens: np.ndarray, run: Attempt | None = None, mp: MixedPrecision | None = None,
+                shapes: bool = False) -> dict:
     """One rank of every layout: build the model, ``parallelize`` it, train it. The same loop for all.
 
-    ``run`` (checkpoints, faults, a state to resume from) makes it one attempt of a resilient run."""
+    ``run`` (checkpoints, faults, a state to resume from) makes it one attempt of a resilient run; ``shapes``
+    builds the model shape-only (``autograd/shape_only.py``): the same charges, no values."""
     mesh = build_mesh(pc)
     clock = current("md.parallel.train").clock
-    model = GPT(model_config, seed=seed)
+    with building() if shapes else nullcontext():
+        model = GPT(model_config, seed=seed)
     num_params = model.num_parameters()
     costs = None
     if pc.pp > 1 and pc.pp_balance == "measured":  # cut the stages by each block's measured cost
@@ -145,7 +150,8 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         if keeper.due(step):
             keeper.save(step, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows), "lead": lead})
     keeper.finish()
-    return {"losses": losses, "windows": windows, "grads": grads, "params": reducer.param_state(),
+    return {"losses": losses, "windows": windows, "grads": None if shapes else grads,
+            "params": None if shapes else reducer.param_state(),
             "host": None if par.host is None else dict(par.host.ledger.peak),
             "acts": [] if par.acts is None else par.acts.log, "num_params": num_params,
             "tp_rank": mesh.get_local_rank("tp"), "dp_rank": mesh.get_group(DENSE_GRAD).group_rank(mesh.rank),
@@ -161,7 +167,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
           momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
           checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool = False,
           restart: bool = False, faults: Faults | None = None, max_restarts: int = 20, precision: str | None = None,
-          loss_scale: str | float | None = None, backend: str = "sim") -> TrainResult:
+          loss_scale: str | float | None = None, backend: str = "sim", shape_only: bool = False) -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
     ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
@@ -182,7 +188,12 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     format's peak; ``loss_scale`` (default dynamic for fp16) scales the loss, and a step any rank's gradient
     overflowed is skipped by all (``loss_scales``, ``skipped_steps`` in the result).
 
-    ``backend="mpi"`` runs the ranks under ``mpiexec`` (``md.launch``): the same losses and weights, bitwise.
+    ``backend="mpi"`` runs the ranks under ``mpiexec`` (``md.launch``): the same losses and weights, bitwise;
+    ``backend="inprocess"`` runs them as threads of this process taking turns, bitwise the same too.
+
+    ``shape_only=True`` trains a model whose arrays have shapes and no values (``md.autograd.shape_only``): every
+    op, message and booking is charged as with data, so ``time`` and the memory fields are those of the real run,
+    while ``losses`` are NaN and ``params``/``grads`` empty.
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
@@ -231,12 +242,17 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
                          "(backend='sim')")
     if faults is not None:
         faults.check(pc.world_size)
+    if shape_only and (faults is not None or restart or plan is not None or mp.scaler() is not None
+                       or getattr(cfg, "n_experts", 0)):
+        raise ValueError("parallel.train: shape_only=True runs without values, so it cannot checkpoint, restart, "
+                         "scale losses or route tokens to experts (each depends on the values)")
     if resume and checkpoint_dir is None:
         raise ValueError("parallel.train: resume=True needs checkpoint_dir")
     attempts = Attempts(plan, faults, restart, max_restarts, resume)
     res = attempts.run(lambda attempt: launch(
         _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
-                                                     attempt, mp), cluster=cluster, timeout=timeout, backend=backend))
+                                                     attempt, mp, bool(shape_only)),
+        cluster=cluster, timeout=timeout, backend=backend))
     out = list(res)
     start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
@@ -247,12 +263,15 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     links = [e for e in res.trace if e.stream == "link"]
     comm = [[sum(e.nbytes for e in links if e.rank == r and windows[r][s][0] <= e.start < windows[r][s][1])
              for r in range(len(out))] for s in range(ran)]
-    replicated = "full" in out[0]["params"]
-    params = _state(out[0]["params"], [o["params"] for o in out])
-    grads = _state(out[0]["grads"], [o["grads"] for o in out])
-    rank_params = [o["params"]["full"] for o in out] if replicated else None
-    if pc.tp > 1:
-        params, grads, rank_params = merge_tensor_parallel(out, _state, replicated)
+    if shape_only:
+        params, grads, rank_params = {}, {}, None
+    else:
+        replicated = "full" in out[0]["params"]
+        params = _state(out[0]["params"], [o["params"] for o in out])
+        grads = _state(out[0]["grads"], [o["grads"] for o in out])
+        rank_params = [o["params"]["full"] for o in out] if replicated else None
+        if pc.tp > 1:
+            params, grads, rank_params = merge_tensor_parallel(out, _state, replicated)
     return TrainResult(
         losses=losses, params=params, grads=grads, time=time,
         memory=[dict(m.peak) for m in res.memory], peak_memory=[m.peak_total for m in res.memory], trace=res.trace,

@@ -35,20 +35,20 @@ def _seq_to_heads(x: np.ndarray, cp) -> np.ndarray:
     """(B, H, T/p, d) -> (B, H/p, T, d): my head block at every position, sequence in group-rank order."""
     B, H, t, d = x.shape
     p = cp.size
-    inp = np.ascontiguousarray(x.reshape(B, p, H // p, t, d).swapaxes(0, 1))  # block j goes to rank j
+    inp = np.require(x.reshape(B, p, H // p, t, d).swapaxes(0, 1), requirements="C")  # block j goes to rank j
     out = np.empty_like(inp)
     dist.all_to_all_single(out, inp, group=cp.group, algorithm=offered("all_to_all", cp.algorithm))
-    return np.ascontiguousarray(out.transpose(1, 2, 0, 3, 4)).reshape(B, H // p, p * t, d)
+    return np.require(out.transpose(1, 2, 0, 3, 4), requirements="C").reshape(B, H // p, p * t, d)
 
 
 def _heads_to_seq(x: np.ndarray, cp) -> np.ndarray:
     """(B, H/p, T, d) -> (B, H, T/p, d): the inverse all-to-all."""
     B, h, T, d = x.shape
     p = cp.size
-    inp = np.ascontiguousarray(x.reshape(B, h, p, T // p, d).transpose(2, 0, 1, 3, 4))  # chunk j to rank j
+    inp = np.require(x.reshape(B, h, p, T // p, d).transpose(2, 0, 1, 3, 4), requirements="C")  # chunk j to rank j
     out = np.empty_like(inp)
     dist.all_to_all_single(out, inp, group=cp.group, algorithm=offered("all_to_all", cp.algorithm))
-    return np.ascontiguousarray(out.swapaxes(0, 1)).reshape(B, p * h, T // p, d)
+    return np.require(out.swapaxes(0, 1), requirements="C").reshape(B, p * h, T // p, d)
 
 
 class SeqToHeads(Function):

@@ -106,7 +106,7 @@ class _VocabParallelCrossEntropy(Function):
         picked = np.where(mine, x[rows, np.where(mine, local, 0)] - m, 0.0)
         stats = _all_reduce(np.stack([e.sum(axis=1), picked]), tp)  # sum of exp, shifted target logit
         ctx.probs, ctx.mine, ctx.local, ctx.shape = e / stats[0][:, None], mine, local, logits.shape
-        out = np.asarray(np.mean(np.log(stats[0]) - stats[1]), dtype=x.dtype)
+        out = np.asanyarray(np.mean(np.log(stats[0]) - stats[1])).astype(x.dtype)
         # the same charge as F.cross_entropy on this rank's block of the vocabulary
         cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype)
         return out

@@ -37,7 +37,8 @@ class ZeroOptimizer(BucketedReducer):
         self.ledger = None
         self._inflight: list[tuple] = []
         super().__init__(*args, **kwargs)
-        self.grad_shards = [np.zeros(u.shard_size, u.dtype) for u in self.units] if stage == 2 else None
+        self.grad_shards = ([np.zeros(u.shard_size, u.dtype, like=u.params[0].data) for u in self.units]
+                            if stage == 2 else None)
         if stage == 2:  # no standing full-size gradient buckets: each is allocated when it fills, freed once reduced
             self.flats = [None] * len(self.units)
 
@@ -63,7 +64,7 @@ class ZeroOptimizer(BucketedReducer):
         # stage 2: the bucket is a transient buffer; its reduced slice is added into the gradient shard
         self._drain(keep=1)  # at most two buckets alive: one reducing, one being filled
         self.ledger.alloc("buffers", flat.nbytes)
-        out = np.empty(unit.shard_size, unit.dtype)
+        out = np.empty(unit.shard_size, unit.dtype, like=flat)
         work = None
         if self.dp == 1:
             out[...] = flat

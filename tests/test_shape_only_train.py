@@ -1,0 +1,70 @@
+"""Training without values: ``md.parallel.train(..., shape_only=True)`` measures what the run with data measures.
+
+Every op, message and ledger booking depends on shapes and dtypes only, so a shape-only run must give the
+same simulated step times (to 1e-12 here, 1e-9 asked) and the same ledger peaks, category by category, as
+the run with real numbers on one process per rank, for layouts that cover dp, tp (+ sequence parallel),
+pp (1F1B, zero bubble), ZeRO 1-3, recomputation, cp (ring and Ulysses) and their compositions up to 16 ranks.
+And it must hold no values: a model of 2.5 GB of weights and optimizer state trains in a few MB of numpy data.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.parallel import ParallelConfig
+
+TOY = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4)
+LAYOUTS = {
+    "1 device": ParallelConfig(),
+    "dp2 x tp2": ParallelConfig(dp=2, tp=2),
+    "tp2 + sequence parallel": ParallelConfig(tp=2, sequence_parallel=True),
+    "pp2 x dp2, 1f1b": ParallelConfig(pp=2, dp=2, microbatches=2),
+    "pp2 zero bubble": ParallelConfig(pp=2, microbatches=4, schedule="zero_bubble"),
+    "zero1 dp2": ParallelConfig(dp=2, zero_stage=1),
+    "zero2 dp2": ParallelConfig(dp=2, zero_stage=2),
+    "zero3 dp4": ParallelConfig(dp=4, zero_stage=3),
+    "recompute dp2": ParallelConfig(dp=2, recompute="full"),
+    "cp2 ring x dp2": ParallelConfig(cp=2, dp=2),
+    "cp2 ulysses": ParallelConfig(cp=2, cp_method="ulysses"),
+    "tp2 x pp2 x dp2": ParallelConfig(tp=2, pp=2, dp=2, microbatches=2),
+    "tp2 x pp2 x cp2 x dp2 (16)": ParallelConfig(tp=2, pp=2, cp=2, dp=2, microbatches=2),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_shape_only_run_measures_what_the_data_run_measures(name):
+    pc = LAYOUTS[name]
+    data = md.parallel.train(TOY, pc, steps=2, global_batch=4)
+    shapes = md.parallel.train(TOY, pc, steps=2, global_batch=4, shape_only=True, backend="inprocess")
+    assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
+    assert shapes.peak_memory == data.peak_memory
+    assert shapes.memory == data.memory and shapes.peak_breakdown == data.peak_breakdown
+    assert shapes.comm_bytes == data.comm_bytes
+    assert all(np.isnan(shapes.losses)) and np.isfinite(data.losses).all()  # no value was computed
+    assert shapes.params == {} and shapes.grads == {}
+
+
+def test_a_shape_only_run_holds_no_values():
+    big = md.GPTConfig(vocab_size=16384, seq_len=256, d_model=1024, n_layers=4, n_heads=16, dtype="float32")
+    pc = ParallelConfig(dp=2, zero_stage=3)
+    tracemalloc.start()
+    try:
+        res = md.parallel.train(big, pc, steps=1, global_batch=2, shape_only=True, backend="inprocess")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    weights = 4 * (2 * 16384 * 1024 + 4 * 12 * 1024 * 1024)  # bytes of float32 weights, roughly
+    assert sum(res.memory[0].values()) > weights * 4 / 2 / 2  # the ledger booked weights, grads, Adam (sharded)
+    assert peak < 64e6  # numpy and Python together held a few MB, not the model's 2.5 GB
+
+
+def test_what_depends_on_values_is_refused_by_name():
+    moe = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4, n_experts=4, top_k=2)
+    with pytest.raises(ValueError, match="shape_only=True .* route tokens to experts"):
+        md.parallel.train(moe, ParallelConfig(), shape_only=True)
+    with pytest.raises(ValueError, match="shape_only=True .* scale losses"):
+        md.parallel.train(TOY, ParallelConfig(), shape_only=True, precision="fp16")
