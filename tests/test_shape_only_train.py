@@ -31,13 +31,13 @@ LAYOUTS = {
     "cp2 ring x dp2": ParallelConfig(cp=2, dp=2),
     "cp2 ulysses": ParallelConfig(cp=2, cp_method="ulysses"),
     "tp2 x pp2 x dp2": ParallelConfig(tp=2, pp=2, dp=2, microbatches=2),
-    "tp2 x pp2 x cp2 x dp2 (16)": ParallelConfig(tp=2, pp=2, cp=2, dp=2, microbatches=2),
+    "tp2 x pp2 x cp2 x dp2 (16)": pytest.param(ParallelConfig(tp=2, pp=2, cp=2, dp=2, microbatches=2),
+                                              marks=pytest.mark.slow),
 }
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_a_shape_only_run_measures_what_the_data_run_measures(name):
-    pc = LAYOUTS[name]
+@pytest.mark.parametrize("pc", list(LAYOUTS.values()), ids=list(LAYOUTS))
+def test_a_shape_only_run_measures_what_the_data_run_measures(pc):
     data = md.parallel.train(TOY, pc, steps=2, global_batch=4)
     shapes = md.parallel.train(TOY, pc, steps=2, global_batch=4, shape_only=True, backend="inprocess")
     assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
@@ -68,3 +68,42 @@ def test_what_depends_on_values_is_refused_by_name():
         md.parallel.train(moe, ParallelConfig(), shape_only=True)
     with pytest.raises(ValueError, match="shape_only=True .* scale losses"):
         md.parallel.train(TOY, ParallelConfig(), shape_only=True, precision="fp16")
+
+
+REPRESENTED = {
+    "dp4 x tp2": ParallelConfig(dp=4, tp=2),
+    "pp2 x dp2 x tp2": ParallelConfig(pp=2, dp=2, tp=2, microbatches=4),
+    "zero3 dp8": ParallelConfig(dp=8, zero_stage=3),
+    "cp2 x dp2": ParallelConfig(cp=2, dp=2),
+    "pp4 x dp4, zero1": ParallelConfig(pp=4, dp=4, microbatches=4, zero_stage=1),
+    "tp4 x dp4 + sequence parallel": ParallelConfig(tp=4, dp=4, sequence_parallel=True),
+    "pp2 x tp2 x cp2 x dp2": ParallelConfig(pp=2, tp=2, cp=2, dp=2, microbatches=2),
+}
+
+
+@pytest.mark.parametrize("gpus_per_node", [2, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", list(REPRESENTED))
+def test_one_rank_per_stage_stands_for_the_others(name, gpus_per_node):
+    from minidist.hardware.cluster import Cluster
+
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=4)
+    pc, cl = REPRESENTED[name], Cluster(gpus_per_node=gpus_per_node)
+    every = md.parallel.train(cfg, pc, steps=2, global_batch=16, shape_only=True, backend="inprocess", cluster=cl)
+    some = md.parallel.train(cfg, pc, steps=2, global_batch=16, shape_only=True, backend="inprocess", cluster=cl,
+                             representatives=True)
+    assert some.time == every.time and some.peak_memory == every.peak_memory and some.memory == every.memory
+    assert some.comm_bytes == every.comm_bytes
+    assert len({e.rank for e in some.trace}) == pc.pp  # one rank per pipeline stage ran
+
+
+def test_an_algorithm_whose_members_differ_cannot_be_represented():
+    from minidist import dist
+    from minidist.autograd.shape_only import empty
+
+    def fn():
+        dist.all_reduce(empty((64,), np.float32), algorithm="tree")
+
+    with pytest.raises(md.runtime.RankError, match="members do not all take the same steps"):
+        md.launch(fn, 8, backend="inprocess", represent=lambda r: 0, quiet=True)
+    with pytest.raises(ValueError, match="representatives=True needs shape_only=True"):
+        md.parallel.train(TOY, ParallelConfig(dp=2), representatives=True, backend="inprocess")

@@ -16,6 +16,7 @@ ones. Not yet wired into the runtime: messages and collectives of ShapeArrays co
 from __future__ import annotations
 
 import mmap
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,8 +31,13 @@ _VALUE_DEPENDENT = {"argsort", "nonzero", "flatnonzero", "unique", "bincount", "
                     "sort", "partition", "argpartition", "allclose", "array_equal", "isclose", "count_nonzero"}
 
 
+# Linux's MAP_NORESERVE (Python names it from 3.12 on): address space the kernel neither counts nor backs, so
+# a 34 GB attention score matrix maps on a 24 GB machine
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+
+
 def _mapping(nbytes: int) -> mmap.mmap:
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_NORESERVE", 0)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | _NORESERVE
     return mmap.mmap(-1, max(int(nbytes), 1), flags=flags)
 
 
@@ -129,7 +135,10 @@ class ShapeArray(np.ndarray):
                 shape = np.broadcast_shapes(*[np.shape(x) for x in inputs])
                 probe = [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in inputs]
                 with np.errstate(all="ignore"):
-                    dtype = np.asarray(ufunc(*probe, **({"dtype": dt} if dt is not None else {}))).dtype
+                    got = ufunc(*probe, **({"dtype": dt} if dt is not None else {}))
+                if ufunc.nout > 1:  # frexp, modf, divmod: one array per output
+                    return tuple(empty(shape, np.asarray(g).dtype, _like(inputs, shape)) for g in got)
+                dtype = np.asarray(got).dtype
         elif method in ("reduce", "accumulate"):
             x, shape = inputs[0], tuple(np.shape(inputs[0]))
             if method == "reduce":

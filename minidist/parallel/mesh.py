@@ -46,6 +46,24 @@ def build_mesh(config: ParallelConfig, rank: int | None = None) -> DeviceMesh:
     return DeviceMesh(np.arange(world).reshape(shape), AXES, rank)
 
 
+SYMMETRIC = ("dp", "ep", "cp", "tp")
+
+
+def representatives(config: ParallelConfig) -> list[int]:
+    """``rep[r]``: the rank that stands for rank ``r`` in a shape-only run, the rank of ``r``'s pipeline stage with
+    every other coordinate 0.
+
+    Property: ranks that differ only in their dp, ep, cp or tp coordinate run the same program on arrays of the
+    same shapes (each holds an equal shard, takes an equal share of the batch and of the sequence), so their
+    clocks and ledgers agree; pipeline stages differ (the first embeds, the last computes the loss). With one
+    rank per stage simulated, 16,384 ranks cost what 16 do.
+    """
+    shape = tuple(getattr(config, a) for a in AXES)
+    grid = np.arange(int(np.prod(shape))).reshape(shape)
+    index = tuple(slice(None) if a not in SYMMETRIC else slice(0, 1) for a in AXES)
+    return np.broadcast_to(grid[index], shape).reshape(-1).tolist()
+
+
 def pipeline_ends(mesh: DeviceMesh) -> ProcessGroup | None:
     """The first and the last stage of this rank's pipeline (both hold tied embeddings), if this rank
     is one of them and pp > 1; else None."""

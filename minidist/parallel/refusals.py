@@ -103,3 +103,15 @@ def _tokens(cfg, pc) -> None:
                          "the load-balancing loss are statistics of the whole batch, and accumulating micro-batches "
                          "would compute them per micro-batch, a different objective "
                          f"(got microbatches={pc.microbatches})")
+
+
+def check_shape_only(cfg, shape_only: bool, representatives: bool, backend: str, needs_values: bool) -> None:
+    """What a run without values cannot do: checkpoint, restart, scale losses (each reads values), route tokens;
+    and representatives stand for ranks only in a shape-only run in this process (the others have no values to
+    send)."""
+    if representatives and (not shape_only or backend != "inprocess"):
+        raise ValueError("parallel.train: representatives=True needs shape_only=True and backend='inprocess' "
+                         "(ranks that are not simulated have no values to send)")
+    if shape_only and (needs_values or getattr(cfg, "n_experts", 0)):
+        raise ValueError("parallel.train: shape_only=True runs without values, so it cannot checkpoint, restart, "
+                         "scale losses or route tokens to experts (each depends on the values)")

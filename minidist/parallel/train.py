@@ -28,10 +28,11 @@ from minidist.parallel.config import ParallelConfig
 from minidist.parallel.flat import assemble
 from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.mesh import DENSE_GRAD, build_mesh
+from minidist.parallel.mesh import representatives as mesh_representatives
 from minidist.parallel.mixed_precision import MixedPrecision, unscale_and_agree
 from minidist.parallel.parallelize import parallelize, split_sizes
 from minidist.parallel.pipeline_stages import layer_costs
-from minidist.parallel.refusals import check_layout
+from minidist.parallel.refusals import check_layout, check_shape_only
 from minidist.parallel.restart import Attempts
 from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
 from minidist.resilience.failures import Faults
@@ -167,7 +168,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
           momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
           checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool = False,
           restart: bool = False, faults: Faults | None = None, max_restarts: int = 20, precision: str | None = None,
-          loss_scale: str | float | None = None, backend: str = "sim", shape_only: bool = False) -> TrainResult:
+          loss_scale: str | float | None = None, backend: str = "sim", shape_only: bool = False,
+          representatives: bool = False) -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
     ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
@@ -193,7 +195,9 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
 
     ``shape_only=True`` trains a model whose arrays have shapes and no values (``md.autograd.shape_only``): every
     op, message and booking is charged as with data, so ``time`` and the memory fields are those of the real run,
-    while ``losses`` are NaN and ``params``/``grads`` empty.
+    while ``losses`` are NaN and ``params``/``grads`` empty. With ``representatives=True`` (shape-only, in process)
+    only one rank per pipeline stage runs and stands for the ranks that differ from it in dp, ep, cp or tp
+    (``parallel.mesh.representatives``): thousands of ranks in seconds.
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
@@ -242,17 +246,16 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
                          "(backend='sim')")
     if faults is not None:
         faults.check(pc.world_size)
-    if shape_only and (faults is not None or restart or plan is not None or mp.scaler() is not None
-                       or getattr(cfg, "n_experts", 0)):
-        raise ValueError("parallel.train: shape_only=True runs without values, so it cannot checkpoint, restart, "
-                         "scale losses or route tokens to experts (each depends on the values)")
+    check_shape_only(cfg, shape_only, representatives, backend, faults is not None or restart or plan is not None
+                     or mp.scaler() is not None)
+    represent = mesh_representatives(pc).__getitem__ if representatives else None
     if resume and checkpoint_dir is None:
         raise ValueError("parallel.train: resume=True needs checkpoint_dir")
     attempts = Attempts(plan, faults, restart, max_restarts, resume)
     res = attempts.run(lambda attempt: launch(
         _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
                                                      attempt, mp, bool(shape_only)),
-        cluster=cluster, timeout=timeout, backend=backend))
+        cluster=cluster, timeout=timeout, backend=backend, represent=represent))
     out = list(res)
     start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
@@ -260,9 +263,14 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     losses = attempts.losses + [float(sum(o["losses"][s] for o in lead)) for s in range(ran)]
     windows = [o["windows"] for o in out]
     time = attempts.times + [max(w[s][1] - w[s][0] for w in windows) for s in range(ran)]
-    links = [e for e in res.trace if e.stream == "link"]
-    comm = [[sum(e.nbytes for e in links if e.rank == r and windows[r][s][0] <= e.start < windows[r][s][1])
-             for r in range(len(out))] for s in range(ran)]
+    sent: dict[int, list] = {}
+    for e in res.trace:
+        if e.stream == "link":
+            sent.setdefault(e.rank, []).append(e)
+    rep = getattr(res, "representatives", None) or list(range(len(out)))  # a rank's trace is its representative's
+    per_rep = {r: [sum(e.nbytes for e in sent.get(r, ()) if windows[r][s][0] <= e.start < windows[r][s][1])
+                   for s in range(ran)] for r in set(rep)}
+    comm = [[per_rep[rep[r]][s] for r in range(len(out))] for s in range(ran)]
     if shape_only:
         params, grads, rank_params = {}, {}, None
     else:

@@ -40,7 +40,7 @@ def scaled_cast(a: np.ndarray, fmt: Format | str, scaling: str | None = None, bl
     out of the subnormal range even when one outlier sets a tensor's amax.
     """
     f = format_of(fmt)
-    a = np.asarray(a)
+    a = np.asanyarray(a)  # shape-only arrays stay so
     if scaling is None or a.size == 0:
         return cast(a, f)
     if scaling == "tensor":

@@ -100,7 +100,7 @@ def cast(x, fmt: Format | str, *, saturate: bool = False, dtype=None) -> np.ndar
     fp8 training recipes do. Subnormals are kept; NaN stays NaN.
     """
     f = format_of(fmt)
-    a = np.asarray(x)
+    a = np.asanyarray(x)  # shape-only arrays stay so
     out_dtype = np.dtype(dtype) if dtype is not None else a.dtype if a.dtype.kind == "f" else np.dtype(np.float64)
     v = a.astype(np.float64)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -58,14 +58,15 @@ def _modules() -> list:
 class Turns:
     """Which rank runs: one at a time, handed over when the running one must wait (round robin)."""
 
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.go = [threading.Event() for _ in range(world)]
+    def __init__(self, ranks: list[int]) -> None:
+        self.ranks = ranks  # the ranks simulated (all of them, or one per symmetry class)
+        self.world = len(ranks)
+        self.go = {r: threading.Event() for r in ranks}
         self.waits: dict[int, tuple] = {}  # rank -> (ready(), what it waits for, peers)
         self.done: set[int] = set()
         self.failed: set[int] = set()
         self.aborted: str | None = None
-        self.state: list[list] = [[] for _ in range(world)]
+        self.state: dict[int, list] = {}
         self.threads: dict[int, int] = {}  # rank -> thread ident
         self.running: int | None = None
         self.interrupted: set[int] = set()
@@ -101,8 +102,9 @@ class Turns:
         self._restore(rank)
 
     def _next(self, rank: int) -> int | None:
+        i = self.ranks.index(rank)
         for k in range(1, self.world + 1):
-            r = (rank + k) % self.world
+            r = self.ranks[(i + k) % self.world]
             if r in self.done:
                 continue
             w = self.waits.get(r)
@@ -174,13 +176,21 @@ class Turns:
 
 
 def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None,
-                     timeout: float, quiet: bool, deadline: float | None):
-    """Run ``fn`` on ``world_size`` thread-ranks taking turns; the LaunchResult or the RankError of the failure."""
+                     timeout: float, quiet: bool, deadline: float | None, represent=None):
+    """Run ``fn`` on ``world_size`` thread-ranks taking turns; the LaunchResult or the RankError of the failure.
+
+    ``represent`` (shape-only runs of many ranks): a function giving each rank the rank that stands for it;
+    only the representatives run, their messages to and from the others are mirrored (``inprocess_transport``)
+    and every rank's entry of the result is its representative's."""
     from minidist.runtime.launch import LaunchResult, _failure  # the launcher's own result and error
 
     cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
-    turns = Turns(world_size)
-    exchange = Exchange(world_size)
+    rep = list(range(world_size)) if represent is None else [int(represent(r)) for r in range(world_size)]
+    ranks = sorted(set(rep))
+    if any(rep[r] != r for r in ranks):
+        raise ValueError("launch: a representative must represent itself (represent(represent(r)) == represent(r))")
+    turns = Turns(ranks)
+    exchange = Exchange(world_size, set(ranks))
     live = LiveView(world_size, quiet)
     real = sys.stdout, sys.stderr
     reports: dict[int, tuple] = {}
@@ -217,7 +227,7 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
             turns.finish(rank, reports.get(rank, ("error",))[0] == "error")
 
     threads = []
-    for r in range(world_size):
+    for r in ranks:
         recorder = Recorder(r)
         clock = Clock(r, cluster, recorder)
         ledger = MemoryLedger(cluster.hbm, r)
@@ -234,7 +244,7 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
     t0 = time.monotonic()
     for t in threads:
         t.start()
-    turns.go[0].set()
+    turns.go[ranks[0]].set()
     try:
         while not turns.finished.wait(0.05):
             if deadline is not None and time.monotonic() - t0 > deadline:
@@ -249,12 +259,14 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
     for t in threads:
         t.join()
     wall = time.monotonic() - t0
-    live.close({r: rep[-1] for r, rep in reports.items()})
-    errors = {r: rep[1:5] for r, rep in reports.items() if rep[0] == "error"}
+    live.close({r: rp[-1] for r, rp in reports.items()})
+    errors = {r: rp[1:5] for r, rp in reports.items() if rp[0] == "error"}
     if errors:
         raise _failure(errors, [r for r in order if r in errors])
-    w = range(world_size)
-    res = LaunchResult([reports[r][1] for r in w], [reports[r][2] for r in w], [reports[r][3] for r in w],
-                       Trace.from_recorders({r: reports[r][4] for r in w}), [reports[r][5] for r in w])
+    res = LaunchResult([reports[rep[r]][1] for r in range(world_size)], [reports[rep[r]][2] for r in range(world_size)],
+                       [reports[rep[r]][3] for r in range(world_size)],
+                       Trace.from_recorders({r: reports[r][4] for r in ranks}),
+                       [reports[rep[r]][5] for r in range(world_size)])
+    res.representatives = rep
     res.wall = wall
     return res

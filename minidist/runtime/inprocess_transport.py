@@ -9,6 +9,15 @@ first receive posted for it), and a rank that must wait gives the turn to anothe
 instead of sleeping. Only one rank runs at a time, so nothing here needs a lock.
 
 Shape-only arrays (``autograd/shape_only.py``) travel as their header alone: there are no bytes to move.
+
+Mirrors. In a shape-only run of many ranks only one rank per symmetry class runs (``represent`` in
+``inprocess_launch.py``); a rank that is not simulated behaves like its representative. Within a collective
+every member of the group then does what this rank does, step for step, so the message this rank receives
+from an unsimulated peer is the mirror image of the one it sends to an unsimulated peer in the same step:
+sent at the same moment, of the size it receives, over the link from that peer. The k-th receive with a tag
+from an unsimulated rank is paired with the k-th send with that tag to one. Exact for algorithms in which
+every member takes the same steps (ring, bidirectional ring, pairwise, recursive doubling and halving on
+powers of two) on groups whose links are alike; a receive that never finds its mirror is a deadlock, named.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from collections import deque
 import numpy as np
 
 from minidist.autograd.shape_only import ShapeArray
-from minidist.runtime.errors import MismatchError, PeerExitedError, RankAborted
+from minidist.runtime.errors import DeadlockError, MismatchError, PeerExitedError, RankAborted
 
 
 def _fmt(shape, dtype) -> str:
@@ -59,8 +68,9 @@ class _Message:
 class Exchange:
     """What the ranks of one in-process world share: the messages in flight and the collective calls seen."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, simulated: set[int] | None = None) -> None:
         self.world = world
+        self.simulated = set(range(world)) if simulated is None else simulated
         self.queued: dict[tuple[int, int], deque] = {}  # (src, dst) -> messages nobody has taken yet
         self.posted: dict[tuple[int, int], list[_Recv]] = {}  # (src, dst) -> receives waiting for a message
         self.calls: dict[tuple[int, int], tuple[int, bytes]] = {}  # (rank, group key) -> (seq, signature)
@@ -87,6 +97,8 @@ class InProcessTransport:
         self.board = _Board(turns)
         self.coll = None
         self.mine: list = []  # receives not yet complete (flush waits for them)
+        self.mirror_sent: dict[int, deque] = {}  # tag -> start times of sends to unsimulated ranks, unpaired
+        self.mirror_wait: dict[int, deque] = {}  # tag -> receives from unsimulated ranks waiting for their pair
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
@@ -99,6 +111,8 @@ class InProcessTransport:
         """
         if self.turns.aborted is not None:
             raise RankAborted(f"rank {self.rank} stopped because {self.turns.aborted}")
+        if dst not in self.ex.simulated:
+            return self._mirror_send(arr, dst, tag, ready, name)
         if dst in self.turns.done:
             raise PeerExitedError(f"{name}: rank {self.rank} sends to rank {dst} (tag {tag}) but rank {dst} has "
                                   f"{'failed' if dst in self.turns.failed else 'finished'}")
@@ -120,6 +134,14 @@ class InProcessTransport:
     def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
               name: str = "recv") -> _Recv:
         op = _Recv(src, tag, arr, ufunc, sig, name, ready)
+        if src not in self.ex.simulated:
+            sent = self.mirror_sent.get(tag)
+            if sent:
+                self._mirror_arrive(op, sent.popleft())
+            else:
+                self.mirror_wait.setdefault(tag, deque()).append(op)
+                self.mine.append(op)
+            return op
         q = self.ex.queued.get((src, self.rank))
         if q:
             for i, m in enumerate(q):
@@ -130,6 +152,22 @@ class InProcessTransport:
         self.ex.posted.setdefault((src, self.rank), []).append(op)
         self.mine.append(op)
         return op
+
+    def _mirror_send(self, arr: np.ndarray, dst: int, tag: int, ready: float, name: str) -> _Send:
+        start, end = self.clock.message(dst, arr.nbytes, ready)
+        waiting = self.mirror_wait.get(tag)
+        if waiting:
+            self._mirror_arrive(waiting.popleft(), start)
+        else:
+            self.mirror_sent.setdefault(tag, deque()).append(start)
+        return _Send(dst, tag, name, start, end, True)
+
+    def _mirror_arrive(self, op: _Recv, start: float) -> None:
+        """Complete a receive from an unsimulated peer: its send left when this rank's mirror send did."""
+        link = self.clock.cluster.link(op.peer, self.rank)
+        arrival = start + link.alpha + op.buf.nbytes / link.beta
+        op.end = arrival if arrival > op.post else op.post
+        op.done = True
 
     def sendrecv_small(self, *args, **kwargs) -> None:
         return None  # the general path is already direct here
@@ -171,6 +209,14 @@ class InProcessTransport:
 
     def wait(self, ops, timeout: float | None = None) -> None:
         """Until every op is done, let the other ranks run; raise what a refused message said."""
+        unmirrored = [op for op in ops if not op.done and op.peer not in self.ex.simulated]
+        if unmirrored:  # only this rank's own later sends could pair them, and it is waiting
+            op = unmirrored[0]
+            raise DeadlockError(
+                f"rank {self.rank} waits in {op.describe()} for rank {op.peer}, which is represented by a simulated "
+                f"rank, before sending the step's mirror message: in {op.name}'s algorithm the members do not all "
+                f"take the same steps (a tree or a root), so representatives cannot stand for them; choose ring, "
+                f"bidirectional_ring, halving_doubling, recursive_doubling, hierarchical or pairwise")
         if not all(op.done for op in ops):
             self.turns.block(self.rank, lambda: all(op.done for op in ops),
                              ", ".join(op.describe() for op in ops if not op.done),
@@ -200,8 +246,10 @@ class InProcessTransport:
         """Wait until every member has announced call ``seq`` on the group; a different call raises."""
         calls = self.ex.calls
 
+        sims = self.ex.simulated
+
         def late() -> list[int]:
-            return [r for r in ranks if calls.get((r, key), (0,))[0] < seq]
+            return [r for r in ranks if r in sims and calls.get((r, key), (0,))[0] < seq]
 
         if late():
             self.turns.block(self.rank, lambda: not late(), f"{sig.decode(errors='replace')}: waiting for ranks "

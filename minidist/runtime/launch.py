@@ -345,6 +345,7 @@ def launch(
     quiet: bool = False,
     deadline: float | None = None,
     backend: str = "sim",
+    represent: Callable[[int], int] | None = None,
 ) -> LaunchResult:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` simulated devices and collect what they return.
 
@@ -356,7 +357,9 @@ def launch(
     (default on Linux: fast) or "spawn". ``backend="mpi"`` starts the ranks with ``mpiexec`` instead, one MPI
     process each, exchanging their messages over MPI (``mpi_launch.py``; the simulated clocks run as usual);
     ``backend="inprocess"`` runs them as threads of this process taking turns (``inprocess_launch.py``: the same
-    results and clocks, no process started, for shape-only runs of many ranks).
+    results and clocks, no process started, for shape-only runs of many ranks); with it, ``represent`` maps each
+    rank to the rank that stands for it, and only those run (shape-only arrays, symmetric collectives: see
+    ``inprocess_transport.py``).
     What ranks print is shown as it happens in a long launch and grouped by rank otherwise, with the
     progress ranks report through ``md.dist.progress`` (see live.py; ``quiet=True`` keeps the output in
     ``result.stdout`` only). Raises RankError if any rank raises.
@@ -377,10 +380,12 @@ def launch(
         raise ValueError(f"launch: deadline must be None or a positive number of seconds, got {deadline!r}")
     if backend not in ("sim", "mpi", "inprocess"):
         raise ValueError(f"launch: backend must be 'sim' (shared memory), 'mpi' or 'inprocess', got {backend!r}")
+    if represent is not None and backend != "inprocess":
+        raise ValueError("launch: represent= needs backend='inprocess' (the other backends run every rank)")
     if backend == "inprocess":
         if start_method is not None:
             raise ValueError("launch: start_method applies to backend='sim' only (inprocess ranks are threads)")
-        return launch_inprocess(fn, world_size, args, kwargs, cluster, timeout, quiet, deadline)
+        return launch_inprocess(fn, world_size, args, kwargs, cluster, timeout, quiet, deadline, represent)
     if backend == "mpi":
         if start_method is not None:
             raise ValueError("launch: start_method applies to backend='sim' only (mpiexec starts MPI ranks)")
