@@ -28,18 +28,24 @@ import numpy as np
 
 from minidist.autograd.shape_only import ShapeArray
 from minidist.runtime.errors import DeadlockError, MismatchError, PeerExitedError, RankAborted
+from minidist.runtime.transport import _fmt
 
 
-def _fmt(shape, dtype) -> str:
-    return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
+def _take(items, tag: int):
+    """Remove and return the first of ``items`` (messages or receives) with ``tag``, or None."""
+    for i, x in enumerate(items):
+        if x.tag == tag:
+            del items[i]
+            return x
+    return None
 
 
 class _Send:
     __slots__ = ("peer", "tag", "name", "start", "end", "done", "error")
 
-    def __init__(self, peer, tag, name, start, end, done):
+    def __init__(self, peer, tag, name, start, end):
         self.peer, self.tag, self.name, self.start, self.end = peer, tag, name, start, end
-        self.done, self.error = done, None
+        self.done, self.error = True, None  # handed over at once: see isend
 
     def describe(self) -> str:
         return f"{self.name}(dst={self.peer}, tag={self.tag})"
@@ -117,15 +123,12 @@ class InProcessTransport:
             raise PeerExitedError(f"{name}: rank {self.rank} sends to rank {dst} (tag {tag}) but rank {dst} has "
                                   f"{'failed' if dst in self.turns.failed else 'finished'}")
         start, end = self.clock.message(dst, arr.nbytes, ready)
-        op = _Send(dst, tag, name, start, end, True)
+        op = _Send(dst, tag, name, start, end)
         msg = _Message(self.rank, tag, arr, start, end, sig, None if eager else op)
-        posted = self.ex.posted.get((self.rank, dst))
-        if posted:
-            for i, r in enumerate(posted):
-                if r.tag == tag:
-                    del posted[i]
-                    self._deliver(r, msg)
-                    return op
+        r = _take(self.ex.posted.get((self.rank, dst), ()), tag)
+        if r is not None:
+            self._deliver(r, msg)
+            return op
         if msg.data is not None:
             msg.data = arr.copy()  # the sender may reuse its buffer as soon as the send is done
         self.ex.queued.setdefault((self.rank, dst), deque()).append(msg)
@@ -142,13 +145,10 @@ class InProcessTransport:
                 self.mirror_wait.setdefault(tag, deque()).append(op)
                 self.mine.append(op)
             return op
-        q = self.ex.queued.get((src, self.rank))
-        if q:
-            for i, m in enumerate(q):
-                if m.tag == tag:
-                    del q[i]
-                    self._deliver(op, m)
-                    return op
+        m = _take(self.ex.queued.get((src, self.rank), ()), tag)
+        if m is not None:
+            self._deliver(op, m)
+            return op
         self.ex.posted.setdefault((src, self.rank), []).append(op)
         self.mine.append(op)
         return op
@@ -160,7 +160,7 @@ class InProcessTransport:
             self._mirror_arrive(waiting.popleft(), start)
         else:
             self.mirror_sent.setdefault(tag, deque()).append(start)
-        return _Send(dst, tag, name, start, end, True)
+        return _Send(dst, tag, name, start, end)
 
     def _mirror_arrive(self, op: _Recv, start: float) -> None:
         """Complete a receive from an unsimulated peer: its send left when this rank's mirror send did."""
