@@ -48,6 +48,25 @@ def test_a_shape_only_run_measures_what_the_data_run_measures(pc):
     assert shapes.params == {} and shapes.grads == {}
 
 
+LLAMA = md.GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp="swiglu",
+                     norm="rmsnorm", bias=False, d_ff=64)
+
+
+@pytest.mark.parametrize("pc", [ParallelConfig(tp=2, sequence_parallel=True),
+                                ParallelConfig(tp=2, pp=2, dp=2, microbatches=2, sequence_parallel=True, zero_stage=1,
+                                               recompute="selective")], ids=["tp2 + SP", "tp2 x pp2 x dp2 + SP"])
+def test_a_half_precision_llama_measures_the_same_shape_only(pc):
+    """The large-scale recipe at toy size: 2-byte arrays (so activations and messages are booked as on a GPU),
+    bf16 products, GQA, SwiGLU, RMSNorm. A Python 0.0 or an index array must not turn a shape-only result into
+    float64 where numpy keeps float16 (np.where, np.take, a number times a 0-d array)."""
+    kw = dict(steps=1, global_batch=4, dtype="float16", precision="bf16")
+    with np.errstate(all="ignore"):  # AdamW's eps underflows in float16: the values are not the point here
+        data = md.parallel.train(LLAMA, pc, **kw)
+    shapes = md.parallel.train(LLAMA, pc, shape_only=True, backend="inprocess", **kw)
+    assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
+    assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
+
+
 def test_a_shape_only_run_holds_no_values():
     big = md.GPTConfig(vocab_size=16384, seq_len=256, d_model=1024, n_layers=4, n_heads=16, dtype="float32")
     pc = ParallelConfig(dp=2, zero_stage=3)

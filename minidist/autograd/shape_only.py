@@ -26,6 +26,9 @@ _CREATION = ("zeros", "empty", "ones", "full")
 _ELEMENTWISE = {"isneginf": True, "isposinf": True, "nan_to_num": False, "clip": False, "round": False,
                 "around": False, "real_if_close": False}  # name -> whether the result is boolean
 _REDUCTIONS = ("sum", "mean", "prod", "max", "min", "amax", "amin", "std", "var", "any", "all")
+# functions whose other array arguments are indices or sizes: the result has the first argument's dtype
+_FIRST_DTYPE = {"take", "take_along_axis", "repeat", "roll", "tile", "flip", "pad", "require", "ascontiguousarray",
+                "copy", "diagonal", "tril", "triu", "delete", "compress", "resize"}
 _VOID = np.dtype([])  # itemsize 0: numpy's indexing and shape rules on arrays that hold no bytes
 _VALUE_DEPENDENT = {"argsort", "nonzero", "flatnonzero", "unique", "bincount", "searchsorted", "argmax", "argmin",
                     "sort", "partition", "argpartition", "allclose", "array_equal", "isclose", "count_nonzero"}
@@ -190,10 +193,13 @@ class ShapeArray(np.ndarray):
             return empty(tuple(sizes[c] for c in outs), np.result_type(*[_dtype(x) for x in args[1:]]))
         if name == "where" and len(args) == 3:
             shape = np.broadcast_shapes(*[np.shape(a) for a in args])
-            return empty(shape, np.result_type(_dtype(args[1]), _dtype(args[2])))
+            probe = [np.zeros((), a.dtype) if isinstance(a, np.ndarray) else a for a in args[1:]]
+            return empty(shape, np.where(True, *probe).dtype)  # a Python 0.0 takes the array's dtype, as in numpy
         arrays = [a for a in args if isinstance(a, np.ndarray)]
         arrays += [x for a in args if isinstance(a, (list, tuple)) for x in a if isinstance(x, np.ndarray)]
         dtype = np.result_type(*[a.dtype for a in arrays]) if arrays else np.dtype(np.float64)
+        if name in _FIRST_DTYPE and isinstance(args[0], np.ndarray):  # np.take(a, int64 indices) keeps a's dtype
+            dtype = args[0].dtype
         if name in ("swapaxes", "transpose", "expand_dims", "squeeze", "moveaxis", "broadcast_to", "reshape",
                     "split", "array_split", "ravel"):
             plain = [a.view(np.ndarray) if isinstance(a, ShapeArray) else a for a in args]

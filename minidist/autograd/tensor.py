@@ -295,7 +295,7 @@ def operands(op: str, x: Any, y: Any) -> tuple[Tensor | None, Any, Tensor | None
     yt = y if isinstance(y, Tensor) else None
     xd = x.data if xt is not None else (x if type(x) in _PY_SCALARS else np.asanyarray(x))
     yd = y.data if yt is not None else (y if type(y) in _PY_SCALARS else np.asanyarray(y))
-    if xd.__class__ is np.ndarray and yd.__class__ is np.ndarray:
+    if isinstance(xd, np.ndarray) and isinstance(yd, np.ndarray):  # shape-only arrays follow the same rules
         dx, dy = xd.dtype, yd.dtype
         if dx != dy:
             if yt is None and yd.ndim == 0 and dx.kind == "f":
