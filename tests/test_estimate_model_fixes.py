@@ -86,7 +86,7 @@ def test_full_recomputation_keeps_one_rebuilt_layer_on_top_of_the_inputs():
     inputs = E.activation_bytes(8192, 1, LLAMA.hidden, LLAMA.heads, layers, 8, True, "full")
     one = E.activation_bytes(8192, 1, LLAMA.hidden, LLAMA.heads, 1, 8, True, "selective")
     inflight = E.inflight_microbatches(16, e.microbatches, "1f1b")
-    assert e.memory["activations"] == pytest.approx((inputs + one) * inflight)
+    assert e.memory["activations"] == pytest.approx(inputs * inflight + one)  # one layer is rebuilt at a time
 
 
 def test_ring_attention_hides_only_behind_causal_attention():

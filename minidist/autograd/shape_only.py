@@ -37,11 +37,15 @@ _VALUE_DEPENDENT = {"argsort", "nonzero", "flatnonzero", "unique", "bincount", "
 # Linux's MAP_NORESERVE (Python names it from 3.12 on): address space the kernel neither counts nor backs, so
 # a 34 GB attention score matrix maps on a 24 GB machine
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+_NOHUGE, _HUGE = getattr(mmap, "MADV_NOHUGEPAGE", None), 2 * 2**20
 
 
 def _mapping(nbytes: int) -> mmap.mmap:
     flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | _NORESERVE
-    return mmap.mmap(-1, max(int(nbytes), 1), flags=flags)
+    m = mmap.mmap(-1, max(int(nbytes), 1), flags=flags)
+    if nbytes >= _HUGE and _NOHUGE is not None:  # a touched byte would otherwise cost a whole 2 MB huge page
+        m.madvise(_NOHUGE)
+    return m
 
 
 def empty(shape, dtype=np.float64, axes_order=None) -> ShapeArray:

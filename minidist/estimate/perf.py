@@ -244,12 +244,14 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
         kept = activation_bytes(s_local, b, h, heads, layers_stage, tp, layout.sp,
                                 "selective" if layout.flash else None)
         acts = r * acts + (1 - r) * kept
-    if layout.recompute == "full":  # the layer being rebuilt holds its whole activations during its backward
-        acts += activation_bytes(s_local, b, h, heads, 1, tp, layout.sp, "selective" if layout.flash else None)
+    rebuilt = 0.0
+    if layout.recompute == "full":  # the layer being rebuilt holds its whole activations during its backward:
+        # one layer of one micro-batch at a time, however many micro-batches are in flight
+        rebuilt = activation_bytes(s_local, b, h, heads, 1, tp, layout.sp, "selective" if layout.flash else None)
     buffers = 2 * 4 * t * V / tp
     if layout.zero_stage == 3:
         buffers += 2 * 2 * (layer_active + model.expert_params / max(1, moe_layers or 1) / ep) / tp
-    memory = {**state, "activations": acts * inflight, "buffers": buffers}
+    memory = {**state, "activations": acts * inflight + rebuilt, "buffers": buffers}
     memory["total"] = sum(memory.values())
     tokens = global_batch * s
     return Estimate(

@@ -122,7 +122,9 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
     step = start
     while step < steps:
         keeper.before_step(step)
-        xs, ys, weights = par.batch.split(*get_batch(tokens, global_batch, model_config.seq_len, rng))
+        batch = get_batch(tokens, global_batch, model_config.seq_len, rng) if not shapes else \
+            (np.broadcast_to(np.int64(0), (global_batch, model_config.seq_len)),) * 2  # no tokens held
+        xs, ys, weights = par.batch.split(*batch)
         t0 = dist.now()
         scale = scaler.scale if scaler is not None else 1.0  # the loss scale rides on the micro-batch weights
         with mp.context():

@@ -1,0 +1,114 @@
+"""One step of a published training run, timed on thousands of simulated GPUs without data (book ch34, lab 24).
+
+Property: what a step costs (the time of every op and message, every byte the ledger books) is a function of
+the shapes, the dtypes and the layout, never of the values; and two ranks that differ only in their dp, ep,
+cp or tp coordinate run the same ops on the same shapes at the same moments. So the step of a 16,384-GPU run
+is the step of one rank per pipeline stage, each running shape-only arrays (``autograd/shape_only.py``) in
+one process (``backend="inprocess"``), its peers' messages mirrored from its own (``mesh.representatives``).
+Nothing here is a formula: the same ``md.parallel.train`` as on 8 devices runs, every op and message charged.
+
+``simulate_step`` runs it and reports the step the way papers do: seconds, MFU (model FLOPs ``6 N`` per token
+over the GPUs' peak) and TFLOP/s per GPU counting attention too (``6 N + 12 s h L`` per token, the convention
+of Megatron-LM and the Llama 3 report), with the fullest rank's memory and the wall time it took.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from minidist.hardware.cluster import Cluster
+from minidist.nn import GPTConfig
+from minidist.parallel.config import ParallelConfig
+from minidist.parallel.mesh import representatives
+from minidist.parallel.train import train
+
+
+@dataclass
+class ScaleStep:
+    """What ``simulate_step`` measured: ``step_time`` simulated seconds, ``peak_memory`` bytes on the fullest
+    rank with its ``breakdown`` by ledger category, ``simulated_ranks`` of ``gpus`` run, ``wall_seconds`` of this
+    machine's time; ``compute_time``: the busiest rank's seconds of ops (the rest of its step it waits for
+    messages and for the pipeline)."""
+
+    model: GPTConfig
+    parallel: ParallelConfig
+    global_batch: int
+    step_time: float
+    mfu: float
+    tflops_per_gpu: float
+    peak_memory: float
+    breakdown: dict
+    hbm_bytes: float
+    num_params: int
+    gpus: int
+    simulated_ranks: int
+    wall_seconds: float
+    compute_time: float = 0.0  # the busiest rank's seconds of compute in the step; the rest is waiting
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_memory <= self.hbm_bytes
+
+    def __repr__(self) -> str:
+        return (f"ScaleStep({self.gpus} GPUs, {self.step_time:.3g} s/step, MFU {self.mfu:.1%}, "
+                f"{self.tflops_per_gpu:.0f} TFLOP/s per GPU, {self.peak_memory / 1e9:.1f} GB peak, "
+                f"{self.simulated_ranks} ranks run in {self.wall_seconds:.1f} s)")
+
+
+def gpt_config(model, n_layers: int | None = None) -> GPTConfig:
+    """The ``GPTConfig`` of a model of ``md.estimate.model(name)`` (layers, hidden, heads, kv_heads, ffn, vocab,
+    seq_len, gated, tied): SwiGLU and RMSNorm without biases when ``gated`` (LLaMA), GELU and LayerNorm otherwise.
+    Positions are learned (``seq_len x hidden`` more weights, 0.03% of 405B) where LLaMA rotates them.
+    ``n_layers`` cuts the stack (a quick look at a few layers)."""
+    if getattr(model, "experts", 1) > 1 or getattr(model, "mla_latent", None):
+        raise ValueError(f"gpt_config: {model.name} is a mixture of experts or uses latent attention; only dense "
+                         f"models are simulated at scale so far")
+    gated = bool(model.gated)
+    return GPTConfig(vocab_size=model.vocab, seq_len=model.seq_len, d_model=model.hidden,
+                     n_layers=model.layers if n_layers is None else n_layers, n_heads=model.heads,
+                     n_kv_heads=model.kv_heads, d_ff=model.ffn, mlp="swiglu" if gated else "gelu",
+                     norm="rmsnorm" if gated else "layernorm", bias=not gated, tie_embeddings=bool(model.tied))
+
+
+def model_flops_per_token(config: GPTConfig, num_params: int) -> tuple[float, float]:
+    """(``6 N``, ``6 N + 12 s h L``): a token's training FLOPs without and with attention's score products."""
+    six_n = 6.0 * num_params
+    return six_n, six_n + 12.0 * config.seq_len * config.d_model * config.n_layers
+
+
+def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int, *, cluster: Cluster | None = None,
+                  precision: str = "bf16", timeout: float = 3600) -> ScaleStep:
+    """Time one training step of ``model`` laid out by ``parallel`` on ``parallel.world_size`` simulated GPUs.
+
+    Shape-only in 2-byte arrays (so activations and messages are booked as a bf16 run holds them), products
+    charged at ``precision``'s peak, one representative rank per pipeline stage. Raises the ledger's
+    ``OutOfMemoryError`` (naming the rank and the categories) when the layout does not fit.
+    """
+    cluster = Cluster() if cluster is None else cluster
+    start = time.perf_counter()
+    res = train(model, parallel, steps=1, global_batch=global_batch, cluster=cluster, dtype="float16",
+                precision=precision, shape_only=True, backend="inprocess", representatives=True, timeout=timeout)
+    wall = time.perf_counter() - start
+    step = float(res.time[0])
+    busy = {}  # each simulated rank's seconds of compute inside its step (the compute stream runs one op at a time)
+    for e in res.trace.events:
+        w = res.windows[e.rank][0]
+        if e.stream == "compute" and w[0] <= e.start < w[1]:
+            busy[e.rank] = busy.get(e.rank, 0.0) + (e.end - e.start)
+    fullest = int(np.argmax(res.peak_memory))
+    gpus = parallel.world_size
+    tokens = global_batch * model.seq_len
+    six_n, with_attention = model_flops_per_token(model, res.num_params)
+    peak = cluster.gpu.peak(precision)
+    hbm = cluster.gpu.hbm_bytes if cluster.hbm_bytes is None else cluster.hbm_bytes
+    return ScaleStep(model=model, parallel=parallel, global_batch=global_batch, step_time=step,
+                     mfu=six_n * tokens / (step * gpus * peak),
+                     tflops_per_gpu=with_attention * tokens / (step * gpus) / 1e12,
+                     peak_memory=float(res.peak_memory[fullest]), breakdown=dict(res.peak_breakdown[fullest]),
+                     hbm_bytes=float(hbm), num_params=int(res.num_params), gpus=gpus,
+                     simulated_ranks=len(set(representatives(parallel))), wall_seconds=wall,
+                     compute_time=max(busy.values(), default=0.0))
+

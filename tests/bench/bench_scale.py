@@ -1,0 +1,63 @@
+"""LLaMA 3 405B on 16,384 simulated H100s (TP 8, PP 16, DP 128): one step, shape-only, one rank per stage.
+
+Targets: under 60 s of wall time and under 4 GB of memory on the course machine (2 cores), measured in a fresh
+process so that nothing else counts. Printed beside it: the same layout from the closed-form estimator and the
+published figures (Llama 3 report, Table 4), and a cut of 16 layers on PP 2, for the scaling of wall time with
+what is simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+_CHILD = """
+import json, resource, time
+from minidist.viz.at_scale import side_by_side
+t = time.perf_counter()
+rows = side_by_side("llama3_405b")
+wall = time.perf_counter() - t
+print(json.dumps({"rows": rows, "wall": wall, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+_CUT = """
+import json, resource, time
+from minidist.estimate import model
+from minidist.parallel.at_scale import gpt_config, simulate_step
+from minidist.viz.at_scale import published_parallel
+pc, batch = published_parallel("llama3_405b", pp=2, virtual_stages=1, schedule="1f1b")
+step = simulate_step(gpt_config(model("llama3_405b"), n_layers=16), pc, batch)
+print(json.dumps({"wall": step.wall_seconds, "step": step.step_time, "gpus": step.gpus,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def _run(code: str) -> dict:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    cut = _run(_CUT)
+    print(f"cut: 16 layers on PP 2 x TP 8 x DP 128 ({cut['gpus']} GPUs): {cut['wall']:.1f} s wall, "
+          f"{cut['rss'] / 1e9:.2f} GB, {cut['step']:.3f} s simulated step")
+    got = _run(_CHILD)
+    rows = got["rows"]
+    print(f"{'':64s} {'s/step':>7s} {'MFU 6N':>7s} {'TFLOP/s':>8s} {'GB':>6s}")
+    for r in rows:
+        mem = "" if r["memory"] is None else f"{r['memory'] / 1e9:6.1f}"
+        print(f"{r['source']:64s} {r['step_time']:7.2f} {r['mfu']:7.1%} {r['tflops_per_gpu']:8.0f} {mem:>6s}")
+    wall, rss = rows[0]["wall_seconds"], got["rss"]
+    print(f"LLaMA 3 405B, 16,384 GPUs: {wall:.1f} s wall (target 60 s: ratio {wall / 60:.2f}), "
+          f"{rss / 1e9:.2f} GB peak memory of the process (target 4 GB: ratio {rss / 4e9:.2f})")
+    print(f"simulated / published step: {rows[0]['step_time'] / rows[-1]['step_time']:.3f}; "
+          f"simulated / estimator at peak: {rows[0]['step_time'] / rows[2]['step_time']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
