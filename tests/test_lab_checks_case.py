@@ -20,3 +20,11 @@ def test_receptive_field():
     md.labs.check_receptive_field(lambda L, w: L * (w - 1) + 1)
     with pytest.raises(CheckFailed, match="counts the position itself"):
         md.labs.check_receptive_field(lambda L, w: L * w)
+
+
+def test_implied_step():
+    md.labs.check_implied_step(lambda n, L, h, s, b, g, t: (6 * n + 12 * s * h * L) * b * s / (g * t * 1e12))
+    with pytest.raises(CheckFailed, match="count attention too"):
+        md.labs.check_implied_step(lambda n, L, h, s, b, g, t: 6 * n * b * s / (g * t * 1e12))
+    with pytest.raises(CheckFailed, match="1e12 FLOP/s"):
+        md.labs.check_implied_step(lambda n, L, h, s, b, g, t: (6 * n + 12 * s * h * L) * b * s / (g * t))

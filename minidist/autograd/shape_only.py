@@ -81,6 +81,33 @@ def _void(a):
     return a
 
 
+def _shape(x) -> tuple:
+    return x.shape if isinstance(x, np.ndarray) else np.shape(x)  # np.shape of a ShapeArray dispatches (slow)
+
+
+def _broadcast(shapes) -> tuple:
+    first = shapes[0]
+    return first if all(s == first for s in shapes) else np.broadcast_shapes(*shapes)
+
+
+_UFUNC_DTYPES: dict = {}  # (ufunc, operand kinds, dtype=) -> result dtype(s): numpy's promotion, asked once
+
+
+def _ufunc_dtypes(ufunc, inputs, dt):
+    """The result dtype of an elementwise ufunc (a tuple for several outputs), by numpy's own rules: arrays by
+    dtype, Python numbers by type (NEP 50: they take the array's dtype)."""
+    key = (ufunc, tuple(x.dtype if isinstance(x, np.ndarray) else type(x) for x in inputs), dt)
+    got = _UFUNC_DTYPES.get(key)
+    if got is None:
+        probe = [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in inputs]
+        with np.errstate(all="ignore"):
+            res = ufunc(*probe, **({"dtype": dt} if dt is not None else {}))
+        got = tuple(np.asarray(r).dtype for r in res) if ufunc.nout > 1 else np.asarray(res).dtype
+        if all(isinstance(x, (np.ndarray, float, int, bool)) for x in inputs):  # a Python number's type is enough
+            _UFUNC_DTYPES[key] = got
+    return got
+
+
 def _dtype(x) -> np.dtype:
     return x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
 
@@ -133,27 +160,24 @@ class ShapeArray(np.ndarray):
         dt = kw.get("dtype")
         if method == "__call__":
             if ufunc is np.matmul:
-                shape = _matmul_shape(np.shape(inputs[0]), np.shape(inputs[1]))
+                shape = _matmul_shape(_shape(inputs[0]), _shape(inputs[1]))
                 dtype = np.result_type(*[_dtype(x) for x in inputs])
             elif ufunc.signature:
                 shape = _gufunc_shape(ufunc, inputs)
                 dtype = np.result_type(*[_dtype(x) for x in inputs])
             else:
-                shape = np.broadcast_shapes(*[np.shape(x) for x in inputs])
-                probe = [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in inputs]
-                with np.errstate(all="ignore"):
-                    got = ufunc(*probe, **({"dtype": dt} if dt is not None else {}))
+                shape = _broadcast([_shape(x) for x in inputs])
+                dtype = _ufunc_dtypes(ufunc, inputs, dt)
                 if ufunc.nout > 1:  # frexp, modf, divmod: one array per output
-                    return tuple(empty(shape, np.asarray(g).dtype, _like(inputs, shape)) for g in got)
-                dtype = np.asarray(got).dtype
+                    return tuple(empty(shape, d, _like(inputs, shape)) for d in dtype)
         elif method in ("reduce", "accumulate"):
-            x, shape = inputs[0], tuple(np.shape(inputs[0]))
+            x, shape = inputs[0], tuple(_shape(inputs[0]))
             if method == "reduce":
                 shape = _reduced(shape, kw.get("axis", 0), kw.get("keepdims", False))
             with np.errstate(all="ignore"):
                 dtype = getattr(ufunc, method)(np.zeros((1,), _dtype(x)), **({"dtype": dt} if dt else {})).dtype
         elif method == "outer":
-            shape = np.shape(inputs[0]) + np.shape(inputs[1])
+            shape = _shape(inputs[0]) + _shape(inputs[1])
             dtype = np.result_type(*[_dtype(x) for x in inputs])
         else:
             raise TypeError(f"shape-only arrays: {ufunc.__name__}.{method} is not supported")

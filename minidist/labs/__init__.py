@@ -6,7 +6,7 @@ went wrong and a hint; on success it prints one line.
 
 from minidist.labs.alpha_beta_checks import check_chunked_time, check_crossover, check_fit_alpha_beta, check_real_fit
 from minidist.labs.capstone_checks import Design, check_design, check_gpus_for
-from minidist.labs.case_checks import check_mla_kv_saving, check_receptive_field
+from minidist.labs.case_checks import check_implied_step, check_mla_kv_saving, check_receptive_field
 from minidist.labs.check import CheckFailed
 from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
 from minidist.labs.compression_checks import check_powersgd_bytes, check_stochastic_round, check_topk_feedback

@@ -1,5 +1,5 @@
-"""Checks for lab 24, case studies (book chapters 34-36): the key-value saving of latent attention and the reach of
-stacked sliding windows."""
+"""Checks for lab 24, case studies (book chapters 34-36): the step time a reported throughput implies, the
+key-value saving of latent attention and the reach of stacked sliding windows."""
 
 from __future__ import annotations
 
@@ -44,3 +44,27 @@ def check_receptive_field(fn: Callable[[int, int], int]) -> None:
         return None
 
     check_cases("receptive_field", fn, cases, rel=0, diagnose=diagnose)
+
+
+def check_implied_step(fn: Callable[[float, int, int, int, int, int, float], float]) -> None:
+    """``fn(params, layers, hidden, seq, global_batch, gpus, tflops_per_gpu)``: the seconds per step that a reported
+    throughput implies, when the throughput counts ``6 N`` FLOPs per token plus attention's ``12 s h L``."""
+    def ref(n, L, h, s, b, g, t):
+        return (6 * n + 12 * s * h * L) * b * s / (g * t * 1e12)
+
+    rows = ((405e9, 126, 16384, 8192, 2048, 16384, 400), (70e9, 80, 8192, 8192, 1024, 2048, 420),
+            (8e9, 32, 4096, 8192, 512, 256, 380), (1e9, 24, 2048, 2048, 256, 8, 150))
+    cases = [(r, ref(*r), "the FLOPs of a step, (6 N + 12 s h L) per token times the batch's tokens, shared by every "
+              "GPU at the reported rate") for r in rows]
+
+    def diagnose(args, expected, got):
+        n, L, h, s, b, g, t = args
+        if math.isclose(got, 6 * n * b * s / (g * t * 1e12)):
+            return "the reported TFLOP/s count attention too: add 12 s h L FLOPs per token to the 6 N"
+        if math.isclose(got, expected * 1e12) or math.isclose(got, expected / 1e12):
+            return "TFLOP/s is 1e12 FLOP/s"
+        if math.isclose(got, expected / s):
+            return "a sequence is seq tokens: the batch holds global_batch x seq tokens"
+        return None
+
+    check_cases("implied_step", fn, cases, rel=1e-9, diagnose=diagnose)

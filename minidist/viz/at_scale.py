@@ -61,7 +61,7 @@ def side_by_side(name: str = "llama3_405b", parallel: ParallelConfig | None = No
     sim = simulate_step(gpt_config(m), pc, batch)
     rows = [dict(source=f"simulated: {sim.simulated_ranks} of {sim.gpus} ranks run, shape-only",
                  step_time=sim.step_time, mfu=sim.mfu, tflops_per_gpu=sim.tflops_per_gpu, memory=sim.peak_memory,
-                 wall_seconds=sim.wall_seconds)]
+                 wall_seconds=sim.wall_seconds, compute_time=sim.compute_time, breakdown=sim.breakdown)]
     lay = layout_of(pc, batch)
     for label, eff in ((f"estimator, GEMMs at {CALIBRATED.gemm:.0%} of peak (fitted to Megatron-LM)", CALIBRATED),
                        ("estimator, GEMMs at peak (as the simulator charges them)", replace(CALIBRATED, gemm=1.0))):
