@@ -166,3 +166,30 @@ def test_errors():
         md.GPTConfig(vocab_size=8, seq_len=4, d_model=8, n_layers=1, n_heads=1, n_experts=2, top_k=3)
     with pytest.raises(ValueError, match="MoE: expected input"):
         _moe()(md.tensor(np.zeros(D)))
+
+
+def test_routing_by_plan_deals_the_given_load():
+    from minidist.nn.moe import planned_experts
+
+    even = planned_experts(10, 4, 2, "balanced")
+    assert even.shape == (10, 2) and (even[:, 0] != even[:, 1]).all()
+    assert np.bincount(even.ravel(), minlength=4).tolist() == [5, 5, 5, 5]
+    skew = planned_experts(10, 4, 2, (0.4, 0.3, 0.2, 0.1))
+    assert np.bincount(skew.ravel(), minlength=4).tolist() == [8, 6, 4, 2] and (skew[:, 0] != skew[:, 1]).all()
+    # largest remainders: 3.5, 1.75, 1.75 -> 3, 2, 2
+    assert np.bincount(planned_experts(7, 3, 1, (0.5, 0.25, 0.25)).ravel()).tolist() == [3, 2, 2]
+    with pytest.raises(ValueError, match="no share may exceed 1/top_k"):
+        planned_experts(10, 4, 2, (0.7, 0.1, 0.1, 0.1))
+    for bad in ("even", (0.5, 0.5), (0.5, 0.5, 0.5, -0.5)):
+        with pytest.raises(ValueError, match="expert_load must be 'balanced' or"):
+            MoE(8, 16, 4, top_k=2, expert_load=bad, rng=0)
+
+
+def test_a_model_routed_by_plan_trains_and_reports_the_plan():
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=1, n_heads=4, n_experts=4, top_k=2,
+                       expert_load=(0.4, 0.3, 0.2, 0.1))
+    run = md.parallel.train(cfg, md.parallel.ParallelConfig(ep=2), steps=3, global_batch=4)
+    assert np.isfinite(run.losses).all()
+    model = md.GPT(cfg, seed=0)
+    model(np.zeros((2, 8), dtype=np.int64))
+    assert model.blocks[0].mlp.stats["load"].tolist() == [13, 10, 6, 3]  # 0.4, 0.3, 0.2, 0.1 of 16 x 2

@@ -67,6 +67,40 @@ def test_a_half_precision_llama_measures_the_same_shape_only(pc):
     assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
 
 
+def _moe(load) -> md.GPTConfig:
+    return md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4, n_experts=4, top_k=2,
+                        expert_load=load)
+
+
+EXPERT_LAYOUTS = {"ep2 x dp2": ParallelConfig(ep=2, dp=2), "ep4, zero1": ParallelConfig(ep=4, zero_stage=1),
+                  "pp2 x ep2": ParallelConfig(pp=2, ep=2), "tp2 x ep2": ParallelConfig(tp=2, ep=2)}
+
+
+@pytest.mark.parametrize("load", ["balanced", (0.4, 0.3, 0.2, 0.1)], ids=["balanced", "skewed"])
+@pytest.mark.parametrize("name", list(EXPERT_LAYOUTS))
+def test_experts_routed_by_plan_measure_the_same_shape_only(name, load):
+    """Routing reads the router's scores; dealt by a plan (a balanced or a given load per expert) it needs no
+    values, and the data run dealt the same way measures the same: the all-to-alls, every expert's matmuls."""
+    pc = EXPERT_LAYOUTS[name]
+    data = md.parallel.train(_moe(load), pc, steps=2, global_batch=8)
+    shapes = md.parallel.train(_moe(load), pc, steps=2, global_batch=8, shape_only=True, backend="inprocess")
+    assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
+    assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
+    assert np.isfinite(data.losses).all()
+
+
+@pytest.mark.parametrize("name", ["ep2 x dp2", "ep4, zero1"])
+def test_one_rank_stands_for_expert_parallel_ranks_under_a_balanced_load(name):
+    pc = EXPERT_LAYOUTS[name]
+    kw = dict(steps=2, global_batch=8, shape_only=True, backend="inprocess")
+    every = md.parallel.train(_moe("balanced"), pc, **kw)
+    some = md.parallel.train(_moe("balanced"), pc, representatives=True, **kw)
+    assert some.time == every.time and some.memory == every.memory and some.comm_bytes == every.comm_bytes
+    assert len({e.rank for e in some.trace}) == 1
+    with pytest.raises(ValueError, match="stands for ep ranks only when every rank's experts receive the same rows"):
+        md.parallel.train(_moe((0.4, 0.3, 0.2, 0.1)), pc, representatives=True, **kw)
+
+
 def test_a_shape_only_run_holds_no_values():
     big = md.GPTConfig(vocab_size=16384, seq_len=256, d_model=1024, n_layers=4, n_heads=16, dtype="float32")
     pc = ParallelConfig(dp=2, zero_stage=3)
@@ -83,7 +117,8 @@ def test_a_shape_only_run_holds_no_values():
 
 def test_what_depends_on_values_is_refused_by_name():
     moe = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4, n_experts=4, top_k=2)
-    with pytest.raises(ValueError, match="shape_only=True .* route tokens to experts"):
+    with pytest.raises(ValueError, match="shape_only=True .* route tokens to experts by the router's scores; give "
+                                         "GPTConfig\\(expert_load='balanced'\\)"):
         md.parallel.train(moe, ParallelConfig(), shape_only=True)
     with pytest.raises(ValueError, match="shape_only=True .* scale losses"):
         md.parallel.train(TOY, ParallelConfig(), shape_only=True, precision="fp16")

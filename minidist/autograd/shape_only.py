@@ -73,11 +73,13 @@ def _like(inputs, shape) -> list[int] | None:
     return None
 
 
-def _void(a):
-    if isinstance(a, ShapeArray):
+def _void(a, listed: bool = False):
+    """``a`` as an array of zero-byte elements; inside a list (what np.concatenate and np.stack take) a plain array
+    too, so a shape-only array joins a real one."""
+    if isinstance(a, ShapeArray) or (listed and isinstance(a, np.ndarray)):
         return np.empty(a.shape, _VOID)
     if isinstance(a, (list, tuple)):
-        return type(a)(_void(x) for x in a)
+        return type(a)(_void(x, True) for x in a)
     return a
 
 

@@ -67,6 +67,9 @@ class GPTConfig:
     z_loss_coef: float = 0.001
     moe_balance: str = "aux_loss"  # or "bias": DeepSeek-V3's auxiliary-loss-free routing biases (set aux_loss_coef=0)
     bias_update: float = 1e-3  # with moe_balance="bias": how far each bias moves per step
+    # None: the router chooses; "balanced" or E fractions: tokens dealt to experts by plan (nn.moe.planned_experts),
+    # the routing a run without values can do (md.parallel.train(shape_only=True))
+    expert_load: str | tuple | None = None
     # attention architecture (chapter 31a)
     window: int | None = None
     kv_latent: int | None = None
@@ -126,7 +129,8 @@ def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: f
     if config.n_experts:
         return MoE(config.d_model, config.d_ff, config.n_experts, config.top_k, config.capacity_factor, config.mlp,
                    config.bias, config.shared_expert, config.aux_loss_coef, config.z_loss_coef,
-                   balance=config.moe_balance, bias_update=config.bias_update, rng=rng, init_std=std,
+                   balance=config.moe_balance, bias_update=config.bias_update, expert_load=config.expert_load,
+                   rng=rng, init_std=std,
                    out_std=out_std, dtype=config.dtype)
     return MLP(config.d_model, config.d_ff, config.mlp, config.bias, rng=rng, init_std=std, out_std=out_std,
                dtype=config.dtype)

@@ -58,6 +58,32 @@ def top_k_experts(probs: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-probs, axis=-1, kind="stable")[:, :k]
 
 
+def planned_experts(tokens: int, n_experts: int, top_k: int, load) -> np.ndarray:
+    """(tokens, top_k) expert ids dealt by a plan instead of the router's scores, so routing needs no values.
+
+    ``load="balanced"``: token i's choices are experts ``i k, i k + 1, ... (mod E)``, as even as counts allow.
+    ``load`` = E fractions (summing to 1): expert e receives ``load[e]`` of the ``tokens x top_k`` assignments
+    (largest remainders), dealt in expert order down the first choices, then the second, and so on; a token
+    never gets one expert twice as long as no expert takes more than ``1 / top_k`` of them.
+    """
+    N, E, k = tokens, n_experts, top_k
+    if isinstance(load, str):
+        if load != "balanced":
+            raise ValueError(f"MoE: expert_load must be 'balanced' or {E} fractions, got {load!r}")
+        return (np.arange(N)[:, None] * k + np.arange(k)) % E
+    share = np.asarray(load, dtype=np.float64)
+    if share.shape != (E,) or (share < 0).any() or not np.isclose(share.sum(), 1.0):
+        raise ValueError(f"MoE: expert_load must be 'balanced' or {E} non-negative fractions summing to 1, "
+                         f"got {load!r}")
+    exact = share * N * k
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(counts - exact, kind="stable")[:N * k - counts.sum()]] += 1
+    if counts.max(initial=0) > N:
+        raise ValueError(f"MoE: expert_load gives expert {int(counts.argmax())} {int(counts.max())} of {N} tokens' "
+                         f"{k} choices; a token chooses an expert once, so no share may exceed 1/top_k = {1 / k:.3g}")
+    return np.repeat(np.arange(E), counts).reshape(k, N).T.copy()
+
+
 def level_counts(experts: np.ndarray, n_experts: int) -> np.ndarray:
     """(k, E): how many tokens chose expert e as their j-th choice."""
     return np.stack([np.bincount(experts[:, j], minlength=n_experts) for j in range(experts.shape[1])])
@@ -117,10 +143,12 @@ class MoE(Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int = 2, capacity_factor: float | None = None,
                  kind: str = "gelu", bias: bool = True, shared_expert: bool = False, aux_loss_coef: float = 0.01,
                  z_loss_coef: float = 0.001, renormalize: bool | None = None, balance: str = "aux_loss",
-                 bias_update: float = 1e-3, *,
+                 bias_update: float = 1e-3, expert_load=None, *,
                  rng: np.random.Generator | int | None = None, init_std: float | None = None,
                  out_std: float | None = None, dtype="float32") -> None:
-        """``renormalize`` (default: when top_k > 1) divides the chosen gates by their sum."""
+        """``renormalize`` (default: when top_k > 1) divides the chosen gates by their sum. ``expert_load``: None
+        routes by the router's scores; ``"balanced"`` or E fractions deal the tokens by plan (``planned_experts``),
+        the gates still weighting by the router: what a run without values (shape-only) can route by."""
         super().__init__()
         if n_experts < 1 or not 1 <= top_k <= n_experts:
             raise ValueError(f"MoE: need n_experts >= 1 and 1 <= top_k <= n_experts, got n_experts={n_experts}, "
@@ -132,6 +160,9 @@ class MoE(Module):
         if not bias_update >= 0:
             raise ValueError(f"MoE: bias_update must be >= 0, got {bias_update!r}")
         self.balance, self.bias_update = balance, float(bias_update)
+        if expert_load is not None:
+            planned_experts(1, n_experts, 1, expert_load)  # refuse a malformed plan now, not at the first batch
+        self.expert_load = expert_load
         self.route_bias = np.zeros(n_experts)  # a statistic of past loads, not a parameter: no gradient
         rng = as_rng(rng)
         self.n_experts, self.top_k, self.capacity_factor = n_experts, top_k, capacity_factor
@@ -155,7 +186,10 @@ class MoE(Module):
         logits = self.router(xf)
         probs = F.softmax(logits, axis=-1)
         scores = probs.data + self.route_bias if self.balance == "bias" else probs.data
-        experts = top_k_experts(scores, k)  # the bias chooses; the probabilities below still weight
+        if self.expert_load is None:
+            experts = top_k_experts(scores, k)  # the bias chooses; the probabilities below still weight
+        else:
+            experts = planned_experts(N, E, k, self.expert_load)
         gates = probs[np.arange(N)[:, None], experts]
         if self.renormalize:
             gates = gates / gates.sum(axis=-1, keepdims=True)

@@ -105,13 +105,25 @@ def _tokens(cfg, pc) -> None:
                          f"(got microbatches={pc.microbatches})")
 
 
-def check_shape_only(cfg, shape_only: bool, representatives: bool, backend: str, needs_values: bool) -> None:
-    """What a run without values cannot do: checkpoint, restart, scale losses (each reads values), route tokens;
-    and representatives stand for ranks only in a shape-only run in this process (the others have no values to
-    send)."""
+def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: bool, representatives: bool,
+                     backend: str, needs_values: bool) -> None:
+    """What a run without values cannot do: checkpoint, restart, scale losses (each reads values), route tokens
+    by score; representatives stand for ranks only in a shape-only run in this process (the others have no values
+    to send), and for expert-parallel ranks only when every rank's experts receive the same rows."""
     if representatives and (not shape_only or backend != "inprocess"):
         raise ValueError("parallel.train: representatives=True needs shape_only=True and backend='inprocess' "
                          "(ranks that are not simulated have no values to send)")
-    if shape_only and (needs_values or getattr(cfg, "n_experts", 0)):
-        raise ValueError("parallel.train: shape_only=True runs without values, so it cannot checkpoint, restart, "
-                         "scale losses or route tokens to experts (each depends on the values)")
+    if shape_only and needs_values:
+        raise ValueError("parallel.train: shape_only=True runs without values, so it cannot checkpoint, restart "
+                         "or scale losses (each depends on the values)")
+    if shape_only and getattr(cfg, "n_experts", 0) and getattr(cfg, "expert_load", None) is None:
+        raise ValueError("parallel.train: shape_only=True runs without values, so it cannot route tokens to experts "
+                         "by the router's scores; give GPTConfig(expert_load='balanced') or each expert's share")
+    if representatives and pc.ep > 1 and getattr(cfg, "n_experts", 0):
+        tokens = global_batch // (pc.dp * pc.ep) * cfg.seq_len // pc.cp * cfg.top_k
+        if cfg.expert_load != "balanced" or global_batch % (pc.dp * pc.ep) or tokens % cfg.n_experts:
+            raise ValueError(
+                f"parallel.train: representatives=True stands for ep ranks only when every rank's experts receive "
+                f"the same rows: expert_load='balanced' with each rank's {cfg.top_k} x tokens divisible by "
+                f"n_experts={cfg.n_experts} (got expert_load={cfg.expert_load!r}, {tokens} assignments per rank); "
+                f"run every rank (representatives=False) for an uneven load")

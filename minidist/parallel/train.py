@@ -248,8 +248,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
                          "(backend='sim')")
     if faults is not None:
         faults.check(pc.world_size)
-    check_shape_only(cfg, shape_only, representatives, backend, faults is not None or restart or plan is not None
-                     or mp.scaler() is not None)
+    check_shape_only(cfg, pc, global_batch, shape_only, representatives, backend,
+                     faults is not None or restart or plan is not None or mp.scaler() is not None)
     represent = mesh_representatives(pc).__getitem__ if representatives else None
     if resume and checkpoint_dir is None:
         raise ValueError("parallel.train: resume=True needs checkpoint_dir")

@@ -15,9 +15,11 @@ Mirrors. In a shape-only run of many ranks only one rank per symmetry class runs
 every member of the group then does what this rank does, step for step, so the message this rank receives
 from an unsimulated peer is the mirror image of the one it sends to an unsimulated peer in the same step:
 sent at the same moment, of the size it receives, over the link from that peer. The k-th receive with a tag
-from an unsimulated rank is paired with the k-th send with that tag to one. Exact for algorithms in which
-every member takes the same steps (ring, bidirectional ring, pairwise, recursive doubling and halving on
-powers of two) on groups whose links are alike; a receive that never finds its mirror is a deadlock, named.
+from an unsimulated rank is paired with the k-th send of the same call with that tag to one, and a real array in
+it (the token counts of experts routed by plan) holds this rank's own values, which every represented rank
+shares. Exact for algorithms in which every member takes the same steps (ring, bidirectional ring, pairwise,
+recursive doubling and halving on powers of two) on groups whose links are alike; a receive that never finds
+its mirror is a deadlock, named.
 """
 
 from __future__ import annotations
@@ -103,8 +105,10 @@ class InProcessTransport:
         self.board = _Board(turns)
         self.coll = None
         self.mine: list = []  # receives not yet complete (flush waits for them)
-        self.mirror_sent: dict[int, deque] = {}  # tag -> start times of sends to unsimulated ranks, unpaired
-        self.mirror_wait: dict[int, deque] = {}  # tag -> receives from unsimulated ranks waiting for their pair
+        # (tag, call) -> (start time, values) of sends to unsimulated ranks not yet paired with a receive; keyed by
+        # the call too, so what a rooted broadcast sent (nothing comes back) never pairs with a later collective
+        self.mirror_sent: dict[tuple, deque] = {}
+        self.mirror_wait: dict[tuple, deque] = {}  # (tag, call) -> receives from unsimulated ranks awaiting a pair
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
@@ -118,7 +122,7 @@ class InProcessTransport:
         if self.turns.aborted is not None:
             raise RankAborted(f"rank {self.rank} stopped because {self.turns.aborted}")
         if dst not in self.ex.simulated:
-            return self._mirror_send(arr, dst, tag, ready, name)
+            return self._mirror_send(arr, dst, (tag, sig), ready, name)
         if dst in self.turns.done:
             raise PeerExitedError(f"{name}: rank {self.rank} sends to rank {dst} (tag {tag}) but rank {dst} has "
                                   f"{'failed' if dst in self.turns.failed else 'finished'}")
@@ -138,11 +142,11 @@ class InProcessTransport:
               name: str = "recv") -> _Recv:
         op = _Recv(src, tag, arr, ufunc, sig, name, ready)
         if src not in self.ex.simulated:
-            sent = self.mirror_sent.get(tag)
+            sent = self.mirror_sent.get((tag, sig))
             if sent:
                 self._mirror_arrive(op, sent.popleft())
             else:
-                self.mirror_wait.setdefault(tag, deque()).append(op)
+                self.mirror_wait.setdefault((tag, sig), deque()).append(op)
                 self.mine.append(op)
             return op
         m = _take(self.ex.queued.get((src, self.rank), ()), tag)
@@ -153,19 +157,28 @@ class InProcessTransport:
         self.mine.append(op)
         return op
 
-    def _mirror_send(self, arr: np.ndarray, dst: int, tag: int, ready: float, name: str) -> _Send:
+    def _mirror_send(self, arr: np.ndarray, dst: int, key: tuple, ready: float, name: str) -> _Send:
         start, end = self.clock.message(dst, arr.nbytes, ready)
-        waiting = self.mirror_wait.get(tag)
+        sent = (start, None if isinstance(arr, ShapeArray) else arr.copy())
+        waiting = self.mirror_wait.get(key)
         if waiting:
-            self._mirror_arrive(waiting.popleft(), start)
+            self._mirror_arrive(waiting.popleft(), sent)
         else:
-            self.mirror_sent.setdefault(tag, deque()).append(start)
-        return _Send(dst, tag, name, start, end)
+            self.mirror_sent.setdefault(key, deque()).append(sent)
+        return _Send(dst, key[0], name, start, end)
 
-    def _mirror_arrive(self, op: _Recv, start: float) -> None:
-        """Complete a receive from an unsimulated peer: its send left when this rank's mirror send did."""
+    def _mirror_arrive(self, op: _Recv, sent: tuple) -> None:
+        """Complete a receive from an unsimulated peer: its send left when this rank's mirror send did, and held
+        what this rank's held (real arrays in a shape-only run are counts that every represented rank agrees on)."""
+        start, values = sent
         link = self.clock.cluster.link(op.peer, self.rank)
         arrival = start + link.alpha + op.buf.nbytes / link.beta
+        if values is not None and not isinstance(op.buf, ShapeArray) and values.nbytes == op.buf.nbytes:
+            flat = op.buf.reshape(-1)
+            if op.ufunc is None:
+                flat[...] = values.reshape(-1).view(flat.dtype)
+            else:
+                op.ufunc(flat, values.reshape(-1).view(flat.dtype), out=flat)
         op.end = arrival if arrival > op.post else op.post
         op.done = True
 
