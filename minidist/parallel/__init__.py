@@ -27,6 +27,9 @@ the checker and simulator), ``dualpipe`` (DualPipeV, the pipeline folded into a 
 Context and expert parallelism (chapters 17-18): ``online_softmax`` (the (m, s, o) state, its associative
 merge, blockwise attention), ``context_parallel`` (ring attention, zigzag layout, Ulysses),
 ``expert_parallel`` (count exchange, all-to-all dispatch and combine).
+
+At scale (chapter 34): ``at_scale`` (one step of a published run on thousands of simulated GPUs, shape-only, one
+rank per pipeline stage).
 """
 
 from minidist.parallel.config import ParallelConfig
@@ -59,6 +62,10 @@ from minidist.parallel.online_softmax import blockwise_attention
 from minidist.parallel.checkpoint_sweep import checkpoint_cost, fitted_optimum, sweep_checkpoint_interval
 
 # isort: split
+from minidist.parallel import at_scale
+from minidist.parallel.at_scale import ScaleStep, simulate_step
+
+# isort: split
 from minidist.parallel import compression
 from minidist.parallel.async_sgd import Logistic, train_async, train_sync
 from minidist.parallel.compression import DGC, QSGD, PowerSGD, Quantize, TernGrad, TopK
@@ -74,7 +81,7 @@ __all__ += ["CPGroup", "EPGroup", "blockwise_attention", "context_parallelize", 
             "ring_attention", "ulysses_attention"]
 __all__ += ["PipelineExecutor", "Schedule", "ScheduleError", "check_schedule", "dualpipe", "make_schedule",
             "measure_schedule", "partition", "pipeline", "schedules", "simulate"]
-__all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval"]
+__all__ += ["checkpoint_cost", "fitted_optimum", "sweep_checkpoint_interval", "at_scale", "ScaleStep", "simulate_step"]
 __all__ += ["compression", "DGC", "PowerSGD", "QSGD", "Quantize", "TernGrad", "TopK", "DiLoCo", "LocalSGD", "evaluate",
             "train_local", "Logistic", "train_async", "train_sync", "OneBitAdam", "train_onebit_adam",
             "SparseLogistic", "train_hogwild"]
