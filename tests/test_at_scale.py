@@ -94,3 +94,13 @@ def test_llama3_405b_on_16384_simulated_gpus():
     assert 0.8 < sim["step_time"] / at_peak["step_time"] < 1.2
     assert sim["step_time"] < calibrated["step_time"]
     assert 0.7 < sim["tflops_per_gpu"] / published["tflops_per_gpu"] < 1.3
+
+
+def test_a_model_without_a_published_layout_takes_the_planners_best():
+    from minidist.estimate import plan
+    from minidist.viz.at_scale import planned_parallel
+
+    pc, batch = planned_parallel("llama3_70b", 2048)
+    top = plan("llama3_70b", "dgx-h100", 2048)[0]
+    assert pc.world_size == 2048 and batch == top.global_batch
+    assert layout_of(pc, batch).label() == top.layout.label()

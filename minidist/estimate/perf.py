@@ -222,6 +222,10 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
         dp_exposed = t_dp - min(dp_overlap * t_dp, m * t_compute) + t_ag
     else:
         t_dp = _dp_reduce_time(local_params * grad_bytes, shard, tp, cluster)
+        if layout.zero_stage == 2:
+            # ZeRO-2 keeps only its shard of the gradient, so every micro-batch reduce-scatters its own (half an
+            # all-reduce each) and the step ends with one all-gather of the updated weights (the other half)
+            t_dp *= (m + 1) / 2
         # overlap hides at most the compute it runs under: the backward, 2/3 of it
         dp_exposed = t_dp - min(dp_overlap * t_dp, m * t_compute * 2 / 3)
     t_opt = 36 * local_params / (shard if layout.zero_stage >= 1 else 1) / hbm_bw

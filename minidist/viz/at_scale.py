@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minidist.estimate import CALIBRATED, Layout, cluster, estimate_layout, model
+from minidist.estimate import CALIBRATED, Layout, cluster, estimate_layout, model, plan
 from minidist.parallel import ParallelConfig
 from minidist.parallel.at_scale import gpt_config, model_flops_per_token, simulate_step
 
@@ -47,14 +47,27 @@ def layout_of(pc: ParallelConfig, global_batch: int) -> Layout:
                   recompute_layers=pc.recompute_layers)
 
 
+def planned_parallel(name: str, gpus: int, cluster_name: str = "dgx-h100") -> tuple[ParallelConfig, int]:
+    """The planner's best layout for model ``name`` on ``gpus`` GPUs as a ``ParallelConfig``, and its batch."""
+    top = plan(name, cluster_name, gpus)[0]
+    return ParallelConfig.from_layout(top), top.global_batch
+
+
 def side_by_side(name: str = "llama3_405b", parallel: ParallelConfig | None = None,
-                 global_batch: int | None = None, cluster_name: str = "dgx-h100") -> list[dict]:
+                 global_batch: int | None = None, cluster_name: str = "dgx-h100", gpus: int | None = None
+                 ) -> list[dict]:
     """Rows ``{"source", "step_time", "mfu", "tflops_per_gpu", "memory"}`` (seconds, fraction, TFLOP/s, bytes on
     the fullest GPU or None): the simulator, the estimator calibrated and at peak, and the published figures.
+    The layout: ``parallel`` (with ``global_batch``), else the planner's best on ``gpus``, else the published one.
     ``mfu`` counts ``6 N`` FLOPs per token in every row, ``tflops_per_gpu`` adds attention's (the published
     convention), so the published step time is the one its TFLOP/s imply."""
     m = model(name)
-    pc, batch = published_parallel(name) if parallel is None else (parallel, global_batch)
+    if parallel is not None:
+        pc, batch = parallel, global_batch
+    elif gpus is not None:
+        pc, batch = planned_parallel(name, gpus, cluster_name)
+    else:
+        pc, batch = published_parallel(name)
     if batch is None:
         raise ValueError("side_by_side: give global_batch with a layout of your own")
     spec = cluster(cluster_name)
@@ -69,7 +82,7 @@ def side_by_side(name: str = "llama3_405b", parallel: ParallelConfig | None = No
         rows.append(dict(source=label, step_time=e.step_time, mfu=e.mfu, tflops_per_gpu=e.tflops_per_gpu,
                          memory=e.memory["total"]))
     pub = m.published_layout
-    if "tflops_per_gpu" in pub:
+    if "tflops_per_gpu" in pub and pub.get("gpus") == pc.world_size:
         six_n, with_attention = model_flops_per_token(gpt_config(m), sim.num_params)
         step = with_attention * batch * m.seq_len / (pc.world_size * pub["tflops_per_gpu"] * 1e12)
         # reported as 400 TFLOP/s and "41% MFU" counting attention; the MFU column counts 6 N per token everywhere

@@ -2,8 +2,8 @@
 
 Targets: under 60 s of wall time and under 4 GB of memory on the course machine (2 cores), measured in a fresh
 process so that nothing else counts. Printed beside it: the same layout from the closed-form estimator and the
-published figures (Llama 3 report, Table 4), and a cut of 16 layers on PP 2, for the scaling of wall time with
-what is simulated.
+published figures (Llama 3 report, Table 4), a cut of 16 layers on PP 2 (how wall time scales with what is
+simulated), and LLaMA 3 70B on the planner's best layout for 2,048 GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ t = time.perf_counter()
 rows = side_by_side("llama3_405b")
 wall = time.perf_counter() - t
 print(json.dumps({"rows": rows, "wall": wall, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+_PLANNED = """
+import json
+from minidist.viz.at_scale import side_by_side
+print(json.dumps({"rows": side_by_side("llama3_70b", gpus=2048)}))
 """
 
 _CUT = """
@@ -42,21 +48,29 @@ def _run(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _table(rows: list[dict]) -> None:
+    print(f"{'':64s} {'s/step':>7s} {'MFU 6N':>7s} {'TFLOP/s':>8s} {'GB':>6s}")
+    for r in rows:
+        mem = "" if r["memory"] is None else f"{r['memory'] / 1e9:6.1f}"
+        print(f"{r['source']:64s} {r['step_time']:7.2f} {r['mfu']:7.1%} {r['tflops_per_gpu']:8.0f} {mem:>6s}")
+
+
 def main() -> None:
     cut = _run(_CUT)
     print(f"cut: 16 layers on PP 2 x TP 8 x DP 128 ({cut['gpus']} GPUs): {cut['wall']:.1f} s wall, "
           f"{cut['rss'] / 1e9:.2f} GB, {cut['step']:.3f} s simulated step")
     got = _run(_CHILD)
     rows = got["rows"]
-    print(f"{'':64s} {'s/step':>7s} {'MFU 6N':>7s} {'TFLOP/s':>8s} {'GB':>6s}")
-    for r in rows:
-        mem = "" if r["memory"] is None else f"{r['memory'] / 1e9:6.1f}"
-        print(f"{r['source']:64s} {r['step_time']:7.2f} {r['mfu']:7.1%} {r['tflops_per_gpu']:8.0f} {mem:>6s}")
+    print("LLaMA 3 405B, Meta's layout (TP 8, PP 16, DP 128) on 16,384 H100s:")
+    _table(rows)
     wall, rss = rows[0]["wall_seconds"], got["rss"]
     print(f"LLaMA 3 405B, 16,384 GPUs: {wall:.1f} s wall (target 60 s: ratio {wall / 60:.2f}), "
           f"{rss / 1e9:.2f} GB peak memory of the process (target 4 GB: ratio {rss / 4e9:.2f})")
     print(f"simulated / published step: {rows[0]['step_time'] / rows[-1]['step_time']:.3f}; "
           f"simulated / estimator at peak: {rows[0]['step_time'] / rows[2]['step_time']:.3f}")
+    planned = _run(_PLANNED)["rows"]
+    print(f"\nLLaMA 3 70B, the planner's best layout on 2,048 H100s ({planned[0]['wall_seconds']:.1f} s wall):")
+    _table(planned)
 
 
 if __name__ == "__main__":
