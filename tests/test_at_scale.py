@@ -59,7 +59,7 @@ def test_an_estimator_model_becomes_the_gpt_it_describes():
     n = 126 * per_layer + 2 * 128256 * 16384 + 8192 * 16384 + 16384
     assert n == pytest.approx(405e9, rel=5e-3)
     gpt3 = gpt_config(model("gpt3_175b"), n_layers=2)
-    assert (gpt3.mlp, gpt3.norm, gpt3.bias, gpt3.n_layers) == ("gelu", "layernorm", True, 2)
+    assert (gpt3.mlp, gpt3.norm, gpt3.bias, gpt3.n_layers, gpt3.vocab_size) == ("gelu", "layernorm", True, 2, 51200)
     with pytest.raises(ValueError, match="mixture of experts"):
         gpt_config(model("deepseek_v3"))
 

@@ -58,16 +58,24 @@ class ScaleStep:
                 f"{self.simulated_ranks} ranks run in {self.wall_seconds:.1f} s)")
 
 
+# a vocabulary that does not split over 8 tensor-parallel ranks is padded as Megatron-LM pads it, to a multiple of
+# 128 x tp (--make-vocab-size-divisible-by 128); 1024 covers every tp up to 8
+VOCAB_MULTIPLE = 1024
+
+
 def gpt_config(model, n_layers: int | None = None) -> GPTConfig:
     """The ``GPTConfig`` of a model of ``md.estimate.model(name)`` (layers, hidden, heads, kv_heads, ffn, vocab,
     seq_len, gated, tied): SwiGLU and RMSNorm without biases when ``gated`` (LLaMA), GELU and LayerNorm otherwise.
-    Positions are learned (``seq_len x hidden`` more weights, 0.03% of 405B) where LLaMA rotates them.
+    Positions are learned (``seq_len x hidden`` more weights, 0.03% of 405B) where LLaMA rotates them, and a
+    vocabulary that 8 ranks cannot split is padded to a multiple of ``VOCAB_MULTIPLE`` (GPT-3's 50,257 becomes
+    51,200) as Megatron-LM does.
     ``n_layers`` cuts the stack (a quick look at a few layers)."""
     if getattr(model, "experts", 1) > 1 or getattr(model, "mla_latent", None):
         raise ValueError(f"gpt_config: {model.name} is a mixture of experts or uses latent attention; only dense "
                          f"models are simulated at scale so far")
     gated = bool(model.gated)
-    return GPTConfig(vocab_size=model.vocab, seq_len=model.seq_len, d_model=model.hidden,
+    vocab = model.vocab if model.vocab % 8 == 0 else -(-model.vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    return GPTConfig(vocab_size=vocab, seq_len=model.seq_len, d_model=model.hidden,
                      n_layers=model.layers if n_layers is None else n_layers, n_heads=model.heads,
                      n_kv_heads=model.kv_heads, d_ff=model.ffn, mlp="swiglu" if gated else "gelu",
                      norm="rmsnorm" if gated else "layernorm", bias=not gated, tie_embeddings=bool(model.tied))
