@@ -60,8 +60,10 @@ def test_an_estimator_model_becomes_the_gpt_it_describes():
     assert n == pytest.approx(405e9, rel=5e-3)
     gpt3 = gpt_config(model("gpt3_175b"), n_layers=2)
     assert (gpt3.mlp, gpt3.norm, gpt3.bias, gpt3.n_layers, gpt3.vocab_size) == ("gelu", "layernorm", True, 2, 51200)
-    with pytest.raises(ValueError, match="mixture of experts"):
+    with pytest.raises(ValueError, match="latent attention with decoupled rotary keys, dense layers among"):
         gpt_config(model("deepseek_v3"))
+    mixtral = gpt_config(model("mixtral_8x7b"))
+    assert (mixtral.n_experts, mixtral.top_k, mixtral.d_ff, mixtral.expert_load) == (8, 2, 14336, "balanced")
 
 
 def test_the_published_layout_and_its_estimator_twin():
@@ -104,3 +106,15 @@ def test_a_model_without_a_published_layout_takes_the_planners_best():
     top = plan("llama3_70b", "dgx-h100", 2048)[0]
     assert pc.world_size == 2048 and batch == top.global_batch
     assert layout_of(pc, batch).label() == top.layout.label()
+
+
+@pytest.mark.parametrize("mlp,bias", [("swiglu", False), ("gelu", True)])
+def test_a_token_uses_its_top_k_experts_parameters(mlp, bias):
+    from minidist.parallel.at_scale import active_params
+
+    cfg = md.GPTConfig(vocab_size=64, seq_len=16, d_model=32, n_layers=3, n_heads=4, n_experts=6, top_k=2, d_ff=24,
+                       mlp=mlp, bias=bias)
+    gpt = md.GPT(cfg, seed=0)
+    expert = sum(p.data.size for _, p in gpt.blocks[0].mlp.experts[0].named_parameters())
+    assert active_params(cfg, gpt.num_parameters()) == gpt.num_parameters() - 3 * 4 * expert
+    assert active_params(LLAMA, 1234) == 1234  # dense: every parameter

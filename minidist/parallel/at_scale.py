@@ -69,21 +69,38 @@ def gpt_config(model, n_layers: int | None = None) -> GPTConfig:
     Positions are learned (``seq_len x hidden`` more weights, 0.03% of 405B) where LLaMA rotates them, and a
     vocabulary that 8 ranks cannot split is padded to a multiple of ``VOCAB_MULTIPLE`` (GPT-3's 50,257 becomes
     51,200) as Megatron-LM does.
-    ``n_layers`` cuts the stack (a quick look at a few layers)."""
-    if getattr(model, "experts", 1) > 1 or getattr(model, "mla_latent", None):
-        raise ValueError(f"gpt_config: {model.name} is a mixture of experts or uses latent attention; only dense "
-                         f"models are simulated at scale so far")
+    A mixture of experts (every layer, at most one shared expert) routes by a balanced plan, the routing a run
+    without values can take. ``n_layers`` cuts the stack (a quick look at a few layers)."""
+    experts = getattr(model, "experts", 1)
+    partial = experts > 1 and (model.moe_layers or model.layers) != model.layers
+    if getattr(model, "mla_latent", None) or partial or getattr(model, "shared_experts", 0) > 1:
+        raise ValueError(f"gpt_config: {model.name} uses latent attention with decoupled rotary keys, dense layers "
+                         f"among expert layers or several shared experts, which this GPT does not build")
+    moe = dict(n_experts=experts, top_k=model.top_k, shared_expert=model.shared_experts == 1,
+               expert_load="balanced", d_ff=model.expert_ffn or model.ffn) if experts > 1 else {"d_ff": model.ffn}
     gated = bool(model.gated)
     vocab = model.vocab if model.vocab % 8 == 0 else -(-model.vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     return GPTConfig(vocab_size=vocab, seq_len=model.seq_len, d_model=model.hidden,
                      n_layers=model.layers if n_layers is None else n_layers, n_heads=model.heads,
-                     n_kv_heads=model.kv_heads, d_ff=model.ffn, mlp="swiglu" if gated else "gelu",
+                     n_kv_heads=model.kv_heads, **moe, mlp="swiglu" if gated else "gelu",
                      norm="rmsnorm" if gated else "layernorm", bias=not gated, tie_embeddings=bool(model.tied))
 
 
+def active_params(config: GPTConfig, num_params: int) -> int:
+    """The parameters a token uses: all of them, less the experts it is not routed to (``n_experts - top_k``
+    expert MLPs per layer)."""
+    if not config.n_experts:
+        return num_params
+    per_expert = (3 if config.mlp == "swiglu" else 2) * config.d_model * config.d_ff
+    if config.bias:
+        per_expert += config.d_ff * (2 if config.mlp == "swiglu" else 1) + config.d_model
+    return num_params - config.n_layers * (config.n_experts - config.top_k) * per_expert
+
+
 def model_flops_per_token(config: GPTConfig, num_params: int) -> tuple[float, float]:
-    """(``6 N``, ``6 N + 12 s h L``): a token's training FLOPs without and with attention's score products."""
-    six_n = 6.0 * num_params
+    """(``6 N``, ``6 N + 12 s h L``): a token's training FLOPs without and with attention's score products, ``N``
+    the parameters it uses (``active_params``)."""
+    six_n = 6.0 * active_params(config, num_params)
     return six_n, six_n + 12.0 * config.seq_len * config.d_model * config.n_layers
 
 
