@@ -34,6 +34,7 @@ from minidist.runtime.inprocess_launch import launch_inprocess
 from minidist.runtime.live import LiveView
 from minidist.runtime.mpi_launch import launch_mpi
 from minidist.runtime.rank_process import rank_main
+from minidist.runtime.transport import SETTLE_S
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one rank has failed
@@ -269,7 +270,9 @@ class _Ranks:
     def _run_limit(self) -> float | None:
         """Seconds left before the running ranks overstay (None: no limit applies yet)."""
         overall = math.inf if self.deadline is None else self.t0 + self.deadline
-        after_first = math.inf if self.first_done is None else self.first_done + self.timeout
+        # a rank's own timeout report (which says what everyone was doing) comes first: it may look SETTLE_S longer,
+        # and as long again is left for it to arrive
+        after_first = math.inf if self.first_done is None else self.first_done + self.timeout + 2 * SETTLE_S
         due = min(overall, after_first)
         if self.failed_at is not None or due == math.inf:
             return None

@@ -64,6 +64,9 @@ from minidist.runtime.shm import (
 # 256 KB is where that starts to pay (below it the extra round trip costs more than the copy saved).
 RENDEZVOUS_BYTES = 256 * 1024
 SPIN_US = 50.0  # default poll before sleeping, when every rank has a core of its own
+# a timeout report looks again for this long at ranks it saw running: between two of its waits a waiting rank runs
+# for a moment, and the report must not call it hung for that (the launcher's own deadline allows for it)
+SETTLE_S = 0.25
 
 
 def _cores() -> int:
@@ -875,9 +878,20 @@ class Transport:
             return "running", st, since, desc
         return shm.STATE_NAMES[st], st, since, desc
 
-    def _states(self) -> dict[int, str]:
-        """Every rank's kind of activity (this one is waiting): the structured half of a timeout report."""
-        return {r: "waiting" if r == self.rank else self._peer_state(r)[0] for r in range(self.world)}
+    def _states(self, settle: float = SETTLE_S) -> dict[int, str]:
+        """Every rank's kind of activity (this one is waiting): the structured half of a timeout report.
+
+        A rank seen running is looked at again for up to ``settle`` seconds: a rank that waits is running for a
+        moment between two of its waits, and a report must not call it hung for that; a hung one stays running.
+        """
+        states = {r: "waiting" if r == self.rank else self._peer_state(r)[0] for r in range(self.world)}
+        until = time.monotonic() + settle
+        while "running" in states.values() and time.monotonic() < until:
+            time.sleep(0.02)
+            for r, kind in states.items():
+                if kind == "running":
+                    states[r] = self._peer_state(r)[0]
+        return states
 
     def _report_text(self, first: str, waited: float) -> str:
         lines = [first]
