@@ -101,3 +101,27 @@ def test_quiet_shows_nothing(capsys):
 def test_progress_outside_a_rank_is_a_clear_error():
     with pytest.raises(RuntimeError, match="md.dist.progress needs a simulated rank"):
         md.dist.progress(1, 2)
+
+
+def test_inside_an_output_widget_the_live_area_is_a_widget(monkeypatch, capsys):
+    """A widget callback prints into an Output widget, where display-handle updates never arrive (ipywidgets
+    issue 1844): the live area is then an HTML widget whose value changes, closed when the launch ends."""
+    ipywidgets = pytest.importorskip("ipywidgets")
+    out = ipywidgets.Output()
+    assert not live.in_output_widget()
+    out.msg_id = "a callback's request"  # what `with out:` sets inside a kernel
+    try:
+        assert live.in_output_widget()
+    finally:
+        out.msg_id = ""
+    monkeypatch.setattr(live, "REDRAW", 0.0)
+    view = LiveView(2, quiet=False)
+    view.notebook, view.area, view.tty = True, ipywidgets.HTML(), False
+    view.report(0, 3, 4, "step")
+    view.output(0, "x < y\n")
+    assert "step 3/4" in view.area.value and "[rank 0] x &lt; y" in view.area.value
+    area = view.area
+    view.close({0: "x < y\n", 1: ""})
+    assert area.comm is None  # closed: nothing of it stays in the saved notebook
+    assert capsys.readouterr().out == "[rank 0] x < y\n"
+    out.close()

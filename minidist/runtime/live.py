@@ -15,6 +15,7 @@ shows them in one of two ways:
 
 from __future__ import annotations
 
+import html
 import sys
 import time
 
@@ -33,6 +34,17 @@ def in_notebook() -> bool:
         return False
     ip = shell.get_ipython()
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def in_output_widget() -> bool:
+    """True inside ``with ipywidgets.Output():``, where a widget callback's output must go in JupyterLab. A display
+    handle's updates do not reach an Output widget there (ipywidgets issue 1844); a widget's value does."""
+    widgets = sys.modules.get("ipywidgets")
+    registry = sys.modules.get("ipywidgets.widgets.widget")
+    if widgets is None or registry is None:
+        return False
+    instances = getattr(registry, "_instances", {})
+    return any(isinstance(w, widgets.Output) and getattr(w, "msg_id", "") for w in list(instances.values()))
 
 
 class RankStream:
@@ -86,12 +98,18 @@ class LiveView:
         self.last_draw = 0.0
         self.drawn = False
         self.notebook = not quiet and in_notebook()
-        self.handle = None
+        self.handle = self.area = None
         self.tty = not quiet and not self.notebook and getattr(sys.stderr, "isatty", lambda: False)()
         if self.notebook:
             from IPython.display import display
 
-            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+            if in_output_widget():  # a widget callback: the live area is a widget of its own
+                import ipywidgets
+
+                self.area = ipywidgets.HTML()
+                display(self.area)
+            else:
+                self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
     # -- what arrives -----------------------------------------------------------------------
     def output(self, rank: int, text: str) -> None:
@@ -135,12 +153,18 @@ class LiveView:
         filled = int(width * done / total) if total else width
         return f"{what} {done}/{total} [{'#' * filled}{'.' * (width - filled)}] {secs:.1f} s"
 
+    def _area_text(self) -> str:
+        rows = [self._progress_text()] if self.progress else []
+        for r in range(self.world):
+            rows += [f"[rank {r}] {line}" for line in self.lines[r] if line]
+        return "\n".join(rows)
+
     def _draw(self) -> None:
         if self.handle is not None:
-            rows = [self._progress_text()] if self.progress else []
-            for r in range(self.world):
-                rows += [f"[rank {r}] {line}" for line in self.lines[r] if line]
-            self.handle.update({"text/plain": "\n".join(rows)}, raw=True)
+            self.handle.update({"text/plain": self._area_text()}, raw=True)
+            self.drawn = True
+        elif self.area is not None:
+            self.area.value = "<pre>" + html.escape(self._area_text()) + "</pre>"
             self.drawn = True
         elif self.tty and self.progress:
             sys.stderr.write("\r" + self._progress_text() + "\x1b[K")
@@ -157,6 +181,8 @@ class LiveView:
         """The launch ended: empty the live area and print what was not shown yet, grouped by rank."""
         if self.handle is not None and self.drawn:
             self.handle.update({"text/plain": ""}, raw=True)
+        if self.area is not None:
+            self.area.close()
         self._clear_progress()
         if self.quiet:
             return
