@@ -104,8 +104,8 @@ def test_progress_outside_a_rank_is_a_clear_error():
 
 
 def test_inside_an_output_widget_the_live_area_is_a_widget(monkeypatch, capsys):
-    """A widget callback prints into an Output widget, where display-handle updates never arrive (ipywidgets
-    issue 1844): the live area is then an HTML widget whose value changes, closed when the launch ends."""
+    """A widget callback prints into an Output widget, where display-handle updates never arrive (ipywidgets#1844
+    on GitHub): the live area is then an HTML widget whose value changes, closed when the launch ends."""
     ipywidgets = pytest.importorskip("ipywidgets")
     out = ipywidgets.Output()
     assert not live.in_output_widget()

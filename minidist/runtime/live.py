@@ -38,7 +38,7 @@ def in_notebook() -> bool:
 
 def in_output_widget() -> bool:
     """True inside ``with ipywidgets.Output():``, where a widget callback's output must go in JupyterLab. A display
-    handle's updates do not reach an Output widget there (ipywidgets issue 1844); a widget's value does."""
+    handle's updates do not reach an Output widget there (ipywidgets#1844 on GitHub); a widget's value does."""
     widgets = sys.modules.get("ipywidgets")
     registry = sys.modules.get("ipywidgets.widgets.widget")
     if widgets is None or registry is None:
