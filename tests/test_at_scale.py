@@ -10,6 +10,7 @@ benchmark (``make bench``).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -86,7 +87,7 @@ print(json.dumps({"rows": rows, "rss": rss}))
 @pytest.mark.slow
 def test_llama3_405b_on_16384_simulated_gpus():
     out = subprocess.run([sys.executable, "-c", _RUN_405B], capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "OPENBLAS_NUM_THREADS": "1"})
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     sim, calibrated, at_peak, published = got["rows"]

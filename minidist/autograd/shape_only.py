@@ -92,6 +92,11 @@ def _broadcast(shapes) -> tuple:
     return first if all(s == first for s in shapes) else np.broadcast_shapes(*shapes)
 
 
+def _probes(values) -> list:
+    """0-d arrays of the arrays' dtypes, Python numbers as they are: numpy's promotion asked on no data."""
+    return [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in values]
+
+
 _UFUNC_DTYPES: dict = {}  # (ufunc, operand kinds, dtype=) -> result dtype(s): numpy's promotion, asked once
 
 
@@ -101,9 +106,8 @@ def _ufunc_dtypes(ufunc, inputs, dt):
     key = (ufunc, tuple(x.dtype if isinstance(x, np.ndarray) else type(x) for x in inputs), dt)
     got = _UFUNC_DTYPES.get(key)
     if got is None:
-        probe = [np.zeros((), x.dtype) if isinstance(x, np.ndarray) else x for x in inputs]
         with np.errstate(all="ignore"):
-            res = ufunc(*probe, **({"dtype": dt} if dt is not None else {}))
+            res = ufunc(*_probes(inputs), **({"dtype": dt} if dt is not None else {}))
         got = tuple(np.asarray(r).dtype for r in res) if ufunc.nout > 1 else np.asarray(res).dtype
         if all(isinstance(x, (np.ndarray, float, int, bool)) for x in inputs):  # a Python number's type is enough
             _UFUNC_DTYPES[key] = got
@@ -223,8 +227,8 @@ class ShapeArray(np.ndarray):
             return empty(tuple(sizes[c] for c in outs), np.result_type(*[_dtype(x) for x in args[1:]]))
         if name == "where" and len(args) == 3:
             shape = np.broadcast_shapes(*[np.shape(a) for a in args])
-            probe = [np.zeros((), a.dtype) if isinstance(a, np.ndarray) else a for a in args[1:]]
-            return empty(shape, np.where(True, *probe).dtype)  # a Python 0.0 takes the array's dtype, as in numpy
+            # a Python 0.0 takes the array's dtype, as in numpy
+            return empty(shape, np.where(True, *_probes(args[1:])).dtype)
         arrays = [a for a in args if isinstance(a, np.ndarray)]
         arrays += [x for a in args if isinstance(a, (list, tuple)) for x in a if isinstance(x, np.ndarray)]
         dtype = np.result_type(*[a.dtype for a in arrays]) if arrays else np.dtype(np.float64)

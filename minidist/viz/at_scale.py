@@ -83,7 +83,7 @@ def side_by_side(name: str = "llama3_405b", parallel: ParallelConfig | None = No
                          memory=e.memory["total"]))
     pub = m.published_layout
     if "tflops_per_gpu" in pub and pub.get("gpus") == pc.world_size:
-        six_n, with_attention = model_flops_per_token(gpt_config(m), sim.num_params)
+        six_n, with_attention = model_flops_per_token(sim.model, sim.num_params)
         step = with_attention * batch * m.seq_len / (pc.world_size * pub["tflops_per_gpu"] * 1e12)
         # reported as 400 TFLOP/s and "41% MFU" counting attention; the MFU column counts 6 N per token everywhere
         rows.append(dict(source="published", step_time=step, mfu=six_n * batch * m.seq_len / (

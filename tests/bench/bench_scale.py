@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+from minidist.viz import print_side_by_side
+
 _CHILD = """
 import json, resource, time
 from minidist.viz.at_scale import side_by_side
@@ -48,13 +50,6 @@ def _run(code: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _table(rows: list[dict]) -> None:
-    print(f"{'':64s} {'s/step':>7s} {'MFU 6N':>7s} {'TFLOP/s':>8s} {'GB':>6s}")
-    for r in rows:
-        mem = "" if r["memory"] is None else f"{r['memory'] / 1e9:6.1f}"
-        print(f"{r['source']:64s} {r['step_time']:7.2f} {r['mfu']:7.1%} {r['tflops_per_gpu']:8.0f} {mem:>6s}")
-
-
 def main() -> None:
     cut = _run(_CUT)
     print(f"cut: 16 layers on PP 2 x TP 8 x DP 128 ({cut['gpus']} GPUs): {cut['wall']:.1f} s wall, "
@@ -62,7 +57,7 @@ def main() -> None:
     got = _run(_CHILD)
     rows = got["rows"]
     print("LLaMA 3 405B, Meta's layout (TP 8, PP 16, DP 128) on 16,384 H100s:")
-    _table(rows)
+    print_side_by_side(rows)
     wall, rss = rows[0]["wall_seconds"], got["rss"]
     print(f"LLaMA 3 405B, 16,384 GPUs: {wall:.1f} s wall (target 60 s: ratio {wall / 60:.2f}), "
           f"{rss / 1e9:.2f} GB peak memory of the process (target 4 GB: ratio {rss / 4e9:.2f})")
@@ -70,7 +65,7 @@ def main() -> None:
           f"simulated / estimator at peak: {rows[0]['step_time'] / rows[2]['step_time']:.3f}")
     planned = _run(_PLANNED)["rows"]
     print(f"\nLLaMA 3 70B, the planner's best layout on 2,048 H100s ({planned[0]['wall_seconds']:.1f} s wall):")
-    _table(planned)
+    print_side_by_side(planned)
 
 
 if __name__ == "__main__":
