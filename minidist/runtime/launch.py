@@ -74,6 +74,8 @@ class _Segment:
     whenever the parent dies. Under spawn a rank must open it by name, which has to live until every
     rank has mapped it; a parent killed meanwhile cannot unlink it, so multiprocess's resource
     tracker (a helper process that outlives the parent) is told about it and does, until unlinked.
+    The tracker hears the name before the segment exists: a parent killed between creating and
+    registering it would leak it (the tracker unlinks a name that was never created harmlessly).
     """
 
     def __init__(self, size: int, fork: bool) -> None:
@@ -81,9 +83,14 @@ class _Segment:
         if fork:
             self.mm, self.name = mmap.mmap(-1, size), None  # MAP_SHARED | MAP_ANONYMOUS
         else:
-            self.mm, self.name = shm.create(size)
-            resource_tracker.register(self.name, "shared_memory")
+            name = shm.new_name()
+            resource_tracker.register(name, "shared_memory")
             self.tracked = True
+            try:
+                self.mm, self.name = shm.create(size, name)
+            except BaseException:
+                resource_tracker.unregister(name, "shared_memory")
+                raise
 
     def unlink(self) -> None:
         if self.name is not None:

@@ -89,9 +89,14 @@ def default_layout(world: int) -> Layout:
     return Layout(world, slot_bytes=512 * 1024, nslots=8)
 
 
-def create(size: int) -> tuple[mmap.mmap, str]:
+def new_name() -> str:
+    """A fresh segment name (the creating process's pid in it, so a leak says whose it was)."""
+    return f"/minidist_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def create(size: int, name: str | None = None) -> tuple[mmap.mmap, str]:
     """Create and map a new segment; return (mapping, name). The caller unlinks it with ``unlink``."""
-    name = f"/minidist_{os.getpid()}_{secrets.token_hex(4)}"
+    name = name or new_name()
     if _posixshmem is not None:
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     else:  # pragma: no cover
