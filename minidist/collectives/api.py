@@ -52,6 +52,19 @@ def _describe(shape, dtype) -> str:
     return f"shape={tuple(shape)}, dtype={np.dtype(dtype).name}"
 
 
+# Formatters of signature details (``_run`` formats one only when it meets a call for the first time).
+def _with(shape, dtype, what: str, value) -> str:
+    return f"{_describe(shape, dtype)}, {what}={value}"
+
+
+def _with_op(shape, dtype, op: ReduceOp, prefix: str = "") -> str:
+    return f"{prefix}{_describe(shape, dtype)}, op={op.name}"
+
+
+def _rows(shape, dtype) -> str:
+    return f"rows of shape {shape}, dtype={np.dtype(dtype).name}"
+
+
 # Collectives whose result on every rank depends on every rank's data: a rank can only finish one by
 # receiving messages that passed through every other rank, each checked against its own signature,
 # so finishing proves that all ranks made the same call. Rooted ones (a broadcast's root receives
@@ -91,32 +104,73 @@ def _choose(coll: str, nbytes: int, c: Comm) -> str:
     return hit[1]
 
 
-def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async_op: bool, body, after=None):
-    """Common driver: membership, algorithm choice, signature, clock, Work."""
-    ctx = current(f"md.dist.{name}")
-    group = ctx.world if group is None else group
-    if not isinstance(group, ProcessGroup):
-        raise TypeError(f"{name}: group must be a ProcessGroup (from new_group or a mesh), got {type(group).__name__}")
-    if ctx.rank not in group:
-        raise ValueError(f"{name}: rank {ctx.rank} is not a member of {group}")
-    tp = ctx.transport
-    cursor = _Cursor(ctx.clock.begin_comm())
-    start = cursor.t
-    seq = ctx.next_seq(group)
-    c = Comm(ctx, group.ranks, cursor, -(group.key << 6) - 1, b"", name)
+class _Plan:
+    """What repeats from one call to the next with the same arguments: checked, chosen and spelled once.
+
+    A small collective costs more in this bookkeeping than in its bytes (its latency is Python's, not the
+    memory's), so each rank keeps one plan per distinct call (group, algorithm, shapes, dtype, op, root):
+    the membership check, the algorithm choice, the signature text and the group-local Comm.
+    """
+
+    __slots__ = ("cluster", "group", "comm", "fn", "sig", "talks", "agree")
+
+
+def _plan(ctx, coll: str, name: str, group, algorithm, nbytes: int, detail) -> _Plan:
+    key = (coll, name, group, algorithm, nbytes, detail)
+    try:
+        plan = ctx.plans.get(key)
+    except TypeError:  # an unhashable group: the checks below name it
+        plan = key = None
+    if plan is not None and plan.cluster is ctx.cluster:
+        return plan
+    g = ctx.world if group is None else group
+    if not isinstance(g, ProcessGroup):
+        raise TypeError(f"{name}: group must be a ProcessGroup (from new_group or a mesh), got {type(g).__name__}")
+    if ctx.rank not in g:
+        raise ValueError(f"{name}: rank {ctx.rank} is not a member of {g}")
+    c = Comm(ctx, g.ranks, _Cursor(0.0), -(g.key << 6) - 1, b"", name)
     if algorithm is None:
         algorithm = _choose(coll, nbytes, c)
     fn = ALGORITHMS[coll].get(algorithm) or (NATIVE[coll] if algorithm == "native" else None)
     if fn is None:
         raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])} "
                          f"(and 'native', MPI's own, under the MPI backend)")
-    sig = c._sig = _signature(name, detail, algorithm, group.ranks)
+    text = detail if isinstance(detail, str) else detail[0](*detail[1:])
+    plan = _Plan()
+    plan.cluster, plan.group, plan.comm, plan.fn = ctx.cluster, g, c, fn
+    plan.sig = c._sig = _signature(name, text, algorithm, g.ranks)
+    plan.talks = g.size() > 1
+    plan.agree = plan.talks and coll not in _EVERYONE_HEARS_EVERYONE
+    if key is not None:
+        if len(ctx.plans) > 4096:
+            ctx.plans.clear()
+        ctx.plans[key] = plan
+    return plan
+
+
+def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: bool, body, after=None):
+    """Common driver: membership, algorithm choice, signature, clock, Work.
+
+    ``detail`` describes the arguments in the signature: a string, or (formatter, *args) to format only
+    the first time this rank makes that call.
+    """
+    ctx = current(f"md.dist.{name}")
+    plan = _plan(ctx, coll, name, group, algorithm, nbytes, detail)
+    tp, clock = ctx.transport, ctx.clock
+    start = clock.begin_comm()
+    cursor = _Cursor(start)
+    c = plan.comm
+    c._cursor = cursor
+    g, sig = plan.group, plan.sig
     try:
-        if group.size() > 1:
-            tp.publish(group.ranks, group.key, seq, sig)
-        body(c, fn)
-        if group.size() > 1 and coll not in _EVERYONE_HEARS_EVERYONE:
-            tp.agree(group.ranks, group.key, seq, sig, name)
+        if plan.talks:
+            seq = ctx.next_seq(g)
+            tp.publish(g.ranks, g.key, seq, sig)
+            body(c, plan.fn)
+            if plan.agree:
+                tp.agree(g.ranks, g.key, seq, sig, name)
+        else:
+            body(c, plan.fn)
     except MismatchError as e:  # the call is broken on every rank: make sure they all hear why
         tp.board.abort(str(e), mismatch=True)
         tp.ring_all()
@@ -125,10 +179,13 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail: str, async
         tp.coll = None
     if after is not None:
         after()
-    ctx.clock.end_comm(name, start, cursor.t, nbytes, async_op)
+    clock.end_comm(name, start, cursor.t, nbytes, async_op)
     if async_op:
         return Work(ctx, (), start, cursor.t, name, nbytes, record=False)
     return None
+
+
+_AVG = ReduceOp.AVG
 
 
 def _avg_ok(op: ReduceOp, arr: np.ndarray, name: str) -> None:
@@ -155,7 +212,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: s
     root = _root(src, group, "broadcast", "src")
     flat, back = _flat(arr)
     return _run("broadcast", "broadcast", group, algorithm, arr.nbytes,
-                f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
+                (_with, arr.shape, arr.dtype, "src", src), async_op,
                 lambda c, fn: fn(c, flat, root), back)
 
 
@@ -188,6 +245,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
     """Combine ``tensor`` over the ranks of ``group`` with ``op``; every rank gets the result in place."""
     arr = _arr(tensor, "all_reduce")
     op = as_op(op)
+    detail = (_with_op, arr.shape, arr.dtype, op)
+    if op is not _AVG and arr.flags.c_contiguous:  # the common case, with nothing to do afterwards
+        flat = arr.reshape(-1)
+        return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
+                    lambda c, fn: fn(c, flat, op))
     _avg_ok(op, arr, "all_reduce")
     flat, back = _flat(arr)
     ctx = current("md.dist.all_reduce")
@@ -199,8 +261,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
         if back is not None:
             back()
 
-    return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes,
-                f"{_describe(arr.shape, arr.dtype)}, op={op.name}", async_op,
+    return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
                 lambda c, fn: fn(c, flat, _base(op)), after)
 
 
@@ -266,7 +327,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
         if b is not None:
             backs.append(b)
     inp = np.require(arr, requirements="C").reshape(-1)
-    return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, _describe(arr.shape, arr.dtype), async_op,
+    return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, (_describe, arr.shape, arr.dtype), async_op,
                 lambda c, fn: fn(c, outs, inp), lambda: [b() for b in backs])
 
 
@@ -287,7 +348,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     outs = np.split(flat, p)
     src = np.require(inp, requirements="C").reshape(-1)
     return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
-                _describe(inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
+                (_describe, inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -316,7 +377,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
             back()
 
     return _run("reduce_scatter", "reduce_scatter_tensor", group, algorithm, out.nbytes,
-                f"output {_describe(out.shape, out.dtype)}, op={op.name}", async_op,
+                (_with_op, out.shape, out.dtype, op, "output "), async_op,
                 lambda c, fn: fn(c, flat, ins, _base(op)), after)
 
 
@@ -351,7 +412,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     ins = np.split(src, np.cumsum([s * row for s in ins_sz])[:-1])
     outs = np.split(flat, np.cumsum([s * row for s in outs_sz])[:-1])
     return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
-                f"rows of shape {inp.shape[1:]}, dtype={inp.dtype.name}", async_op,
+                (_rows, inp.shape[1:], inp.dtype), async_op,
                 lambda c, fn: fn(c, outs, ins), back)
 
 

@@ -84,14 +84,25 @@ class Comm:
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int, tag: int = 0,
                  op: ReduceOp | None = None) -> None:
-        """Send to ``dst`` and receive (or reduce, with ``op``) from ``src`` at the same time."""
+        """Send to ``dst`` and receive (or reduce, with ``op``) from ``src`` at the same time.
+
+        With ``op``, ``recvbuf`` may be ``sendbuf`` itself: this rank's values leave before the partner's
+        are combined into them (recursive doubling's step, without a scratch buffer).
+        """
         tp, ufunc, t0 = self._tp, None if op is None else op.ufunc, self._cursor.t
-        peer_out, peer_in, wire_tag = self.ranks[dst], self.ranks[src], self._tag(tag)
+        peer_out, peer_in = self.ranks[dst], self.ranks[src]
+        wire_tag = self._tag_base - tag if tag == 0 else self._tag(tag)
         t = tp.sendrecv_small(sendbuf, peer_out, recvbuf, peer_in, wire_tag, t0, self._sig, self.name, ufunc)
         if t is None:  # too large, or other messages in flight: the queued path
-            r = tp.irecv(recvbuf, peer_in, wire_tag, t0, ufunc, self._sig, self.name)
+            into = recvbuf if recvbuf is not sendbuf else np.empty_like(recvbuf)  # it may receive before sending
+            r = tp.irecv(into, peer_in, wire_tag, t0, None if into is not recvbuf else ufunc, self._sig, self.name)
             s = tp.isend(sendbuf, peer_out, wire_tag, t0, self._sig, self.name, True)
             tp.wait([s, r])
+            if into is not recvbuf:
+                if ufunc is None:
+                    recvbuf[...] = into
+                else:
+                    ufunc(recvbuf, into, out=recvbuf)
             t = s.end if s.end > r.end else r.end
         if t > t0:
             self._cursor.t = t

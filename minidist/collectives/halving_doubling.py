@@ -107,14 +107,15 @@ def all_reduce_doubling(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
     adding 2 (alpha + n/beta).
     """
     def exchange(inner: Comm) -> None:
-        theirs = np.empty_like(buf)
         d = 1
         while d < inner.size:
-            inner.sendrecv(buf, inner.rank ^ d, theirs, inner.rank ^ d)
-            op.ufunc(buf, theirs, out=buf)
+            inner.sendrecv(buf, inner.rank ^ d, buf, inner.rank ^ d, op=op)  # ours leaves before theirs is added
             d *= 2
 
-    _folded(c, buf, op, exchange)
+    if c.size & (c.size - 1):
+        _folded(c, buf, op, exchange)
+    else:  # a power of two: nothing to fold (the common case, kept short for small buffers)
+        exchange(c)
 
 
 def _rotated(chunks: list[np.ndarray], start: int) -> np.ndarray:

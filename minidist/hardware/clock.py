@@ -32,6 +32,7 @@ class Clock:
         self.comm = 0.0
         self.recorder = recorder if recorder is not None else Recorder(rank)
         self._link_free: dict[int, float] = {}  # dst -> time the link rank -> dst is free again
+        self._routes: dict[int, tuple] = {}  # dst -> (cluster, alpha, beta, trace name)
         self._peaks: dict[object, float] = {}
         self.slowdown = 1.0  # a straggler's compute takes this many times longer (fault injection)
 
@@ -87,11 +88,15 @@ class Clock:
     # -- communication ---------------------------------------------------------------------
     def message(self, dst: int, nbytes: int, ready: float) -> tuple[float, float]:
         """Book the link rank -> ``dst`` for a message ready at ``ready``: return (start, arrival)."""
-        l = self.cluster.link(self.rank, dst)
-        start = max(ready, self._link_free.get(dst, 0.0))
-        arrival = start + l.alpha + nbytes / l.beta
+        route = self._routes.get(dst)
+        if route is None or route[0] is not self.cluster:  # small messages are common: look the link up once
+            l = self.cluster.link(self.rank, dst)
+            route = self._routes[dst] = (self.cluster, l.alpha, l.beta, f"{self.rank}->{dst}")
+        free = self._link_free.get(dst, 0.0)
+        start = ready if ready > free else free
+        arrival = start + route[1] + nbytes / route[2]
         self._link_free[dst] = arrival
-        self.recorder.record("link", f"{self.rank}->{dst}", start, arrival, float(nbytes), 0.0)
+        self.recorder.record("link", route[3], start, arrival, float(nbytes), 0.0)
         return start, arrival
 
     def begin_comm(self) -> float:

@@ -18,6 +18,7 @@ class RankContext:
         self.clock, self.memory, self.transport, self.timeout = clock, memory, transport, timeout
         self.world = ProcessGroup(range(world_size))
         self.seq: dict[int, int] = {}  # group key -> number of collectives started on it
+        self.plans: dict = {}  # what the collectives layer remembers about each distinct call it made
 
     def next_seq(self, group: ProcessGroup) -> int:
         s = self.seq.get(group.key, 0) + 1

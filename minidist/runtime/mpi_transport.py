@@ -29,7 +29,7 @@ import numpy as np
 
 from minidist.runtime.errors import CommTimeoutError, MismatchError
 from minidist.runtime.shm import HEADER, SIG_MAX
-from minidist.runtime.transport import spin_seconds, wire_signature
+from minidist.runtime.transport import oversubscribed, spin_seconds, wire_signature
 
 HDR_TAG, DATA_TAG = 0, 1
 HDR_BYTES = HEADER.size + SIG_MAX
@@ -124,7 +124,8 @@ class MPITransport:
         self.stash: dict[int, list[_Incoming]] = {}  # messages nobody asked for yet, by sender
         self.failed: list = []
         self.native: dict[tuple, object] = {}  # group ranks -> communicator, for MPI's own collectives
-        self.spin = SPIN if spin_seconds(self.world) > 0 else 0.0  # never poll a core another rank needs
+        # never poll a core another rank needs (MPI progresses only while polled, so no yielding poll here)
+        self.spin = SPIN if spin_seconds(self.world) > 0 and not oversubscribed(self.world) else 0.0
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",

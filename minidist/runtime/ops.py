@@ -41,6 +41,10 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
 
+    # Members are singletons: identity hashing keeps the per-call lookups of small collectives cheap
+    # (Enum's own hash is a Python function of the name).
+    __hash__ = object.__hash__
+
 
 _UFUNCS = {
     ReduceOp.SUM: np.add,

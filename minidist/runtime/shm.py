@@ -148,6 +148,7 @@ class Board:
         self.rec = [layout.record(r) // 8 for r in range(layout.world)]  # word index of each record
         self._tables: dict[int, np.ndarray] = {}
         self._slot_of: dict[int, int] = {}  # this process's own group slots (only the owner writes them)
+        self._last: dict[int, tuple] = {}  # group key -> (signature object, word) of the call last published
         self._hint: dict[tuple[int, int], int] = {}  # (rank, key) -> where that rank's row was last seen
 
     # -- abort -----------------------------------------------------------------------------
@@ -219,18 +220,19 @@ class Board:
 
     def publish(self, rank: int, key: int, seq: int, sig: bytes) -> None:
         """Record that ``rank`` entered call number ``seq`` on group ``key`` with signature ``sig``."""
+        q = self.q
+        last = self._last.get(key)
+        if last is not None and last[0] is sig:  # the same call as last time on this group: only the number moves
+            q[last[1] + 1] = seq
+            return
         slot = self._slot_of.get(key)
-        fresh = slot is None
-        if fresh:  # a new group: a free slot, else recycle the oldest
+        if slot is None:  # a new group: a free slot, else recycle the oldest
             used = len(self._slot_of)
             slot = used if used < G_SLOTS else self._evict()
             self._slot_of[key] = slot
-        q = self.q
         w = (self.layout.record(rank) + G_OFF + slot * G_BYTES) // 8
         crc = zlib.crc32(sig)
-        if not fresh and q[w + 2] == crc:  # the same call as last time on this group: only the number moves
-            q[w + 1] = seq
-            return
+        self._last[key] = (sig, w)
         q[w + 1] = -1  # readers skip the slot while it is rewritten
         text = sig[:G_SIG_MAX]
         off = w * 8 + 32
@@ -240,6 +242,7 @@ class Board:
 
     def _evict(self) -> int:
         key = next(iter(self._slot_of))
+        self._last.pop(key, None)
         return self._slot_of.pop(key)
 
     def _row(self, rank: int, key: int) -> int | None:

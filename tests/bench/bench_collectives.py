@@ -2,7 +2,8 @@
 
 all_reduce, all_gather and all_to_all on 2 and 4 ranks, 1 KB to 64 MB (the full buffer: the
 all-reduce buffer, the all-gather output, what each rank holds for all-to-all), float32. Each number
-is the mean time per call over a timed loop after a warm-up, taken on the slowest rank. MPICH runs
+is the mean time per call over a timed loop after a warm-up (for loops of 100 calls or more, the
+fastest of 10 batches, for both libraries alike), taken on the slowest rank. MPICH runs
 as ``mpiexec -n N python worker.py`` from this interpreter's bin directory; minidist uses its default
 algorithm choice (and, at 64 MB, the ring and halving-doubling explicitly). Targets (DESIGN.md):
 all_reduce, all_gather and all_to_all at 64 MB at least as fast as MPICH, a 1 KB all_reduce within 3x
@@ -11,17 +12,21 @@ printed beside it), launch + barrier of 8 ranks well under a second.
 
 On a shared machine one run proves little, so MPICH and minidist alternate ``MINIDIST_BENCH_REPEATS``
 times (default 3) and the table shows medians; the ratio column is the median of the per-repetition
-ratios, with their range. MPICH polls while it waits (it keeps its cores busy); minidist sleeps on a
-semaphore unless ``MINIDIST_SPIN_US`` is set, so small-message latency also measures how fast the
-operating system wakes a process up.
+ratios, with their range. MPICH polls while it waits (it keeps its cores busy); minidist polls for
+``MINIDIST_SPIN_US`` (50 us by default, yielding its core at each look when ranks outnumber cores) and
+then sleeps on a semaphore, so small-message latency also measures how fast the operating system wakes
+a process up. Beside them, the floor of the pure-Python design: two processes trading a 1 KB message
+each way through shared memory with nothing but a header, a copy, an add and two counters.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -32,7 +37,7 @@ import numpy as np
 
 import minidist.dist as dist
 from minidist.estimate.comm import algorithm_bandwidth, bus_bandwidth
-from minidist.runtime import cma, launch
+from minidist.runtime import cma, launch, transport
 from minidist.runtime.mpi_launch import mpi_available
 
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26)  # 1 KB, 16 KB, 256 KB, 4 MB, 64 MB
@@ -42,6 +47,12 @@ WORLDS = (2, 4)
 
 def iterations(nbytes: int) -> int:
     return int(max(5, min(300, 4e8 / max(nbytes, 1) / 20)))
+
+
+def batches(iters: int) -> int:
+    """Timed loops of at least 100 calls run as 10 batches and keep the fastest batch (both libraries):
+    a shared machine's pauses (another tenant's vCPU, a page reclaim) otherwise land in the mean."""
+    return 10 if iters >= 100 else 1
 
 
 MPI_WORKER = r'''
@@ -67,11 +78,14 @@ for op in ops:
             call = lambda: comm.Alltoall(x, y)
         for _ in range(max(2, it // 10)):
             call()
-        comm.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(it):
-            call()
-        dt = (time.perf_counter() - t0) / it
+        nb = 10 if it >= 100 else 1
+        dt = float("inf")
+        for _ in range(nb):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(it // nb):
+                call()
+            dt = min(dt, (time.perf_counter() - t0) / (it // nb))
         out[f"{op}:{n}"] = comm.reduce(dt, op=MPI.MAX, root=0)
 if rank == 0:
     print("RESULT " + json.dumps(out))
@@ -128,11 +142,15 @@ def _minidist_worker(sizes, ops, extra_algorithms):
         it = iterations(n)
         for _ in range(max(2, it // 10)):
             call()
-        dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(it):
-            call()
-        out[op, n, alg] = ((time.perf_counter() - t0) / it, (time.process_time() - c0) / it)
+        nb = batches(it)
+        best = (float("inf"), 0.0)
+        for _ in range(nb):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(it // nb):
+                call()
+            best = min(best, ((time.perf_counter() - t0) / (it // nb), (time.process_time() - c0) / (it // nb)))
+        out[op, n, alg] = best
     return out
 
 
@@ -185,6 +203,45 @@ def mpi_backend_table(p: int, mpich: dict | None) -> None:
                       f"{mt} {ratio}")
 
 
+def python_floor(n: int = 20000) -> float:
+    """Seconds per step of the least a Python rank can do for a 1 KB all-reduce on 2 ranks: pack a header,
+    copy 1 KB into shared memory, publish a counter, poll the peer's, add its 1 KB in. No queues, checks,
+    clock or signatures: what minidist's call costs above this is its bookkeeping."""
+    mm = mmap.mmap(-1, 1 << 16)
+    words = memoryview(mm).cast("q")
+    buf = np.frombuffer(mm, np.uint8)
+    header = struct.Struct("<qqddqq8q16sqq")
+
+    def run(r: int) -> float:
+        mv, x = memoryview(mm), np.zeros(256, np.float32)
+        out_off, in_off = 4096 + 8192 * r, 4096 + 8192 * (1 - r)
+        sent = got = 0
+        t0 = time.perf_counter()
+        for i in range(n):
+            while sent - words[16 * (1 - r) + 1] >= 1:  # our previous message not taken yet
+                pass
+            header.pack_into(mv, out_off, 5, 1024, 0.0, 0.0, i, 1, 256, 0, 0, 0, 0, 0, 0, 0, b"<f4", 0, 0)
+            mv[out_off + 1024 : out_off + 2048] = x.data.cast("B")
+            sent += 1
+            words[16 * r] = sent
+            while words[16 * (1 - r)] <= got:
+                pass
+            header.unpack_from(mv, in_off)
+            np.add(x, buf[in_off + 1024 : in_off + 2048].view(np.float32), x)
+            got += 1
+            words[16 * r + 1] = got
+        return (time.perf_counter() - t0) / n
+
+    pid = os.fork()
+    if pid == 0:
+        run(1)
+        os._exit(0)
+    try:
+        return run(0)
+    finally:
+        os.waitpid(pid, 0)
+
+
 def _fmt_size(n: int) -> str:
     return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
 
@@ -220,7 +277,11 @@ def main() -> None:
           "ranks waited for a core or a wake-up)")
     large = "read in place from the sender (cross-memory attach)" if cma.enabled() else \
         "copied through shared memory (cross-memory attach off)"
-    print(f"large messages: {large}; spin before sleeping: {os.environ.get('MINIDIST_SPIN_US') or 'off'}")
+    spin = transport.spin_seconds(2) * 1e6
+    print(f"large messages: {large}; poll before sleeping: {spin:.0f} us (yielding the core at each look when "
+          f"ranks outnumber cores)")
+    print(f"floor of a pure-Python exchange (1 KB each way through shared memory, header + copy + add, polling): "
+          f"{python_floor() * 1e6:.1f} us")
     verdicts = []
     for p in WORLDS:
         load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
