@@ -104,6 +104,11 @@ def _choose(coll: str, nbytes: int, c: Comm) -> str:
     return hit[1]
 
 
+_QUALIFIED = {name: f"md.dist.{name}" for name in (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast",
+    "reduce", "scatter", "gather", "barrier")}  # spelled once, not at every call
+
+
 class _Plan:
     """What repeats from one call to the next with the same arguments: checked, chosen and spelled once.
 
@@ -154,13 +159,13 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
     ``detail`` describes the arguments in the signature: a string, or (formatter, *args) to format only
     the first time this rank makes that call.
     """
-    ctx = current(f"md.dist.{name}")
+    ctx = current(_QUALIFIED.get(name) or f"md.dist.{name}")
     plan = _plan(ctx, coll, name, group, algorithm, nbytes, detail)
     tp, clock = ctx.transport, ctx.clock
     start = clock.begin_comm()
-    cursor = _Cursor(start)
     c = plan.comm
-    c._cursor = cursor
+    cursor = c._cursor  # the plan's own: a call's sub-groups share it, and nothing keeps it past the call
+    cursor.t = start
     g, sig = plan.group, plan.sig
     try:
         if plan.talks:
@@ -243,8 +248,9 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
     """Combine ``tensor`` over the ranks of ``group`` with ``op``; every rank gets the result in place."""
-    arr = _arr(tensor, "all_reduce")
-    op = as_op(op)
+    ok = type(tensor) is np.ndarray and tensor.flags.writeable and tensor.dtype.kind in "biufc"
+    arr = tensor if ok else _arr(tensor, "all_reduce")
+    op = op if type(op) is ReduceOp else as_op(op)
     detail = (_with_op, arr.shape, arr.dtype, op)
     if op is not _AVG and arr.flags.c_contiguous:  # the common case, with nothing to do afterwards
         flat = arr.reshape(-1)

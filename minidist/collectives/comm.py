@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from minidist.hardware.cluster import Cluster
-from minidist.runtime.ops import ReduceOp
+from minidist.runtime.ops import UFUNCS, ReduceOp
 
 
 class _Cursor:
@@ -89,7 +89,7 @@ class Comm:
         With ``op``, ``recvbuf`` may be ``sendbuf`` itself: this rank's values leave before the partner's
         are combined into them (recursive doubling's step, without a scratch buffer).
         """
-        tp, ufunc, t0 = self._tp, None if op is None else op.ufunc, self._cursor.t
+        tp, ufunc, t0 = self._tp, None if op is None else UFUNCS[op], self._cursor.t
         peer_out, peer_in = self.ranks[dst], self.ranks[src]
         wire_tag = self._tag_base - tag if tag == 0 else self._tag(tag)
         t = tp.sendrecv_small(sendbuf, peer_out, recvbuf, peer_in, wire_tag, t0, self._sig, self.name, ufunc)

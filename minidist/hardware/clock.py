@@ -101,13 +101,15 @@ class Clock:
 
     def begin_comm(self) -> float:
         """Start time of a comm-stream op issued now: after the program and after earlier comm work."""
-        return max(self.compute, self.comm)
+        compute, comm = self.compute, self.comm
+        return compute if compute > comm else comm  # max(), without a call: small collectives feel it
 
     def end_comm(self, name: str, start: float, end: float, nbytes: float, async_op: bool) -> None:
         """Commit a comm op [start, end]; a sync op also joins the compute stream."""
-        self.comm = max(self.comm, end)
-        if not async_op:
-            self.compute = max(self.compute, end)
+        if end > self.comm:
+            self.comm = end
+        if not async_op and end > self.compute:
+            self.compute = end
         self.recorder.record("comm", name, start, end, nbytes, 0.0)
 
     def join(self, t: float) -> None:

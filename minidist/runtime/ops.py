@@ -23,7 +23,7 @@ class ReduceOp(enum.Enum):
     @property
     def ufunc(self) -> np.ufunc:
         """The elementwise combiner (AVG combines with add; the division happens once, at the end)."""
-        return _UFUNCS[self]
+        return UFUNCS[self]
 
     def identity(self, dtype) -> object:
         """The value e with e (op) x == x, for initialising accumulators."""
@@ -46,7 +46,7 @@ class ReduceOp(enum.Enum):
     __hash__ = object.__hash__
 
 
-_UFUNCS = {
+UFUNCS = {  # each op's elementwise combiner (the ufunc property, as a plain lookup for hot paths)
     ReduceOp.SUM: np.add,
     ReduceOp.AVG: np.add,
     ReduceOp.PRODUCT: np.multiply,
