@@ -175,11 +175,19 @@ def test_unknown_algorithm_and_bad_arguments_are_named():
     assert "rank 0 is not a member" in msgs[7]
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["first call", "after agreeing calls"])
 @pytest.mark.parametrize("bad", ["shape", "dtype", "op", "root", "algorithm"])
-def test_disagreeing_ranks_raise_on_every_rank(bad):
+def test_disagreeing_ranks_raise_on_every_rank(bad, warm):
+    """Also after the same call succeeded a few times (each rank then has that call's plan remembered)."""
     def f():
         r = dist.get_rank()
         odd = r == 2
+        for _ in range(3 if warm else 0):  # the good call, made alike by every rank
+            y = np.zeros(4, np.float32)
+            if bad == "root":
+                dist.broadcast(y, src=0)
+            else:
+                dist.all_reduce(y, algorithm="direct" if bad == "algorithm" else None)
         x = np.zeros(5 if odd and bad == "shape" else 4, np.float64 if odd and bad == "dtype" else np.float32)
         if bad == "root":
             dist.broadcast(x, src=2 if odd else 0)

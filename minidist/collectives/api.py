@@ -12,6 +12,7 @@ call after call (the signature text, the algorithm choice) are computed once and
 
 from __future__ import annotations
 
+import math
 import zlib
 from functools import lru_cache
 
@@ -33,6 +34,24 @@ def _arr(t, op: str, writable: bool = True) -> np.ndarray:
     from minidist.dist import as_array
 
     return as_array(t, op, writable)
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as a flat C-contiguous array (a view when it already is one; np.require costs more)."""
+    return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)).reshape(-1)
+
+
+@lru_cache(maxsize=1024)
+def _bounds(sizes: tuple) -> tuple:
+    starts = [0]
+    for s in sizes:
+        starts.append(starts[-1] + s)
+    return tuple(zip(starts[:-1], starts[1:]))
+
+
+def _pieces(flat: np.ndarray, sizes: tuple) -> list:
+    """Consecutive views of ``flat`` with the given sizes (np.split spends microseconds on small arrays)."""
+    return [flat[a:b] for a, b in _bounds(sizes)]
 
 
 def _flat(arr: np.ndarray):
@@ -332,7 +351,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
         outs.append(f)
         if b is not None:
             backs.append(b)
-    inp = np.require(arr, requirements="C").reshape(-1)
+    inp = _contiguous(arr)
     return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, (_describe, arr.shape, arr.dtype), async_op,
                 lambda c, fn: fn(c, outs, inp), lambda: [b() for b in backs])
 
@@ -351,8 +370,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
         raise ValueError(f"all_gather_into_tensor: output has {_describe(out.shape, out.dtype)} but {p} ranks "
                          f"with input {_describe(inp.shape, inp.dtype)} need shape {want}")
     flat, back = _flat(out)
-    outs = np.split(flat, p)
-    src = np.require(inp, requirements="C").reshape(-1)
+    outs = _pieces(flat, (flat.size // p,) * p)
+    src = _contiguous(inp)
     return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
                 (_describe, inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
 
@@ -373,7 +392,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
                          f"{_describe(out.shape, out.dtype)}; with {p} ranks the input must be {p} output blocks "
                          f"along dim 0")
     scratch = inp.reshape(-1).copy()
-    ins = np.split(scratch, p)
+    ins = _pieces(scratch, (scratch.size // p,) * p)
     flat, back = _flat(out)
 
     def after():
@@ -412,11 +431,11 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                          f"{_describe(out.shape, out.dtype)} must share dtype and every dim but the first")
     ins_sz = _splits(input_split_sizes, inp.shape[0], p, "input_split_sizes", "input")
     outs_sz = _splits(output_split_sizes, out.shape[0], p, "output_split_sizes", "output")
-    row = int(np.prod(inp.shape[1:], dtype=np.int64))
-    src = np.require(inp, requirements="C").reshape(-1)
+    row = math.prod(inp.shape[1:])
+    src = _contiguous(inp)
     flat, back = _flat(out)
-    ins = np.split(src, np.cumsum([s * row for s in ins_sz])[:-1])
-    outs = np.split(flat, np.cumsum([s * row for s in outs_sz])[:-1])
+    ins = _pieces(src, tuple(s * row for s in ins_sz))
+    outs = _pieces(flat, tuple(s * row for s in outs_sz))
     return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
                 (_rows, inp.shape[1:], inp.dtype), async_op,
                 lambda c, fn: fn(c, outs, ins), back)
