@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from minidist.collectives import ALGORITHMS, choose
-from minidist.collectives.comm import Comm, _Cursor
+from minidist.collectives.comm import Comm, _Cursor, pieces
 from minidist.collectives.native import NATIVE
 from minidist.runtime.context import current
 from minidist.runtime.errors import MismatchError
@@ -39,19 +39,6 @@ def _arr(t, op: str, writable: bool = True) -> np.ndarray:
 def _contiguous(arr: np.ndarray) -> np.ndarray:
     """``arr`` as a flat C-contiguous array (a view when it already is one; np.require costs more)."""
     return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)).reshape(-1)
-
-
-@lru_cache(maxsize=1024)
-def _bounds(sizes: tuple) -> tuple:
-    starts = [0]
-    for s in sizes:
-        starts.append(starts[-1] + s)
-    return tuple(zip(starts[:-1], starts[1:]))
-
-
-def _pieces(flat: np.ndarray, sizes: tuple) -> list:
-    """Consecutive views of ``flat`` with the given sizes (np.split spends microseconds on small arrays)."""
-    return [flat[a:b] for a, b in _bounds(sizes)]
 
 
 def _flat(arr: np.ndarray):
@@ -370,7 +357,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
         raise ValueError(f"all_gather_into_tensor: output has {_describe(out.shape, out.dtype)} but {p} ranks "
                          f"with input {_describe(inp.shape, inp.dtype)} need shape {want}")
     flat, back = _flat(out)
-    outs = _pieces(flat, (flat.size // p,) * p)
+    outs = pieces(flat, (flat.size // p,) * p)
     src = _contiguous(inp)
     return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
                 (_describe, inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
@@ -392,7 +379,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
                          f"{_describe(out.shape, out.dtype)}; with {p} ranks the input must be {p} output blocks "
                          f"along dim 0")
     scratch = inp.reshape(-1).copy()
-    ins = _pieces(scratch, (scratch.size // p,) * p)
+    ins = pieces(scratch, (scratch.size // p,) * p)
     flat, back = _flat(out)
 
     def after():
@@ -434,8 +421,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     row = math.prod(inp.shape[1:])
     src = _contiguous(inp)
     flat, back = _flat(out)
-    ins = _pieces(src, tuple(s * row for s in ins_sz))
-    outs = _pieces(flat, tuple(s * row for s in outs_sz))
+    ins = pieces(src, tuple(s * row for s in ins_sz))
+    outs = pieces(flat, tuple(s * row for s in outs_sz))
     return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
                 (_rows, inp.shape[1:], inp.dtype), async_op,
                 lambda c, fn: fn(c, outs, ins), back)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.collectives import register
-from minidist.collectives.comm import Comm
+from minidist.collectives.comm import Comm, Pieces
 from minidist.collectives.ring import span, split
 from minidist.runtime.ops import ReduceOp
 
@@ -38,9 +38,10 @@ def _pow2(p: int) -> bool:
 
 def _block(chunks: list[np.ndarray], lo: int, hi: int) -> np.ndarray:
     """Chunks lo..hi-1 (consecutive views of one flat buffer) as one view."""
-    first = chunks[lo]
     if hi - lo == 1:
-        return first
+        return chunks[lo]
+    if type(chunks) is Pieces:
+        return chunks.run(lo, hi)
     return span(chunks[lo:hi])
 
 

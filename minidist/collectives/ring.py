@@ -19,19 +19,20 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.collectives import register
-from minidist.collectives.comm import Comm
+from minidist.collectives.comm import Comm, Pieces, pieces
 from minidist.runtime.ops import ReduceOp
 
 
-def split(buf: np.ndarray, parts: int) -> list[np.ndarray]:
+def split(buf: np.ndarray, parts: int) -> Pieces:
     """``parts`` consecutive views of flat ``buf``, sizes differing by at most one element."""
     n = buf.shape[0]
-    edges = [i * n // parts for i in range(parts + 1)]
-    return [buf[edges[i] : edges[i + 1]] for i in range(parts)]
+    return pieces(buf, [(i + 1) * n // parts - i * n // parts for i in range(parts)])
 
 
 def span(views: list[np.ndarray]) -> np.ndarray | None:
     """One flat view covering ``views`` if they lie back to back in memory (same dtype), else None."""
+    if type(views) is Pieces and views.whole.flags.writeable:
+        return views.run(0, len(views))
     first = views[0]
     if first.ndim != 1 or not first.flags.c_contiguous:
         return None
