@@ -70,6 +70,26 @@ def test_numpy_decides_views_and_copies_as_for_real_data():
     assert a[np.array([0, 1, 1])].shape == (3, 3, 4)
 
 
+@pytest.mark.parametrize("shapes, axis", [
+    ([(2, 3), (4, 3)], 0), ([(2, 3), (2, 5), (2, 1)], 1), ([(2, 3), (2, 5)], -1), ([(2, 3), (3,)], None),
+    ([(1, 8, 4), (1, 8, 2), (1, 8, 2)], 2), ([(0, 3), (2, 3)], 0),
+])
+@pytest.mark.parametrize("real", [False, True], ids=["shape-only", "one real array among them"])
+def test_concatenate_gives_numpys_shape_and_dtype(shapes, axis, real):
+    dtypes = [np.float16, np.float32, np.float16][: len(shapes)]
+    args = [np.zeros(s, d) if real and i == 0 else empty(s, d) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    want = np.concatenate([np.zeros(s, d) for s, d in zip(shapes, dtypes)], axis=axis)
+    got = np.concatenate(args, axis=axis)
+    assert isinstance(got, ShapeArray) and got.shape == want.shape and got.dtype == want.dtype
+
+
+def test_concatenate_refuses_what_numpy_refuses():
+    with pytest.raises(ValueError):
+        np.concatenate([empty((2, 3)), empty((2, 4))], axis=0)
+    with pytest.raises((ValueError, np.exceptions.AxisError)):
+        np.concatenate([empty((2, 3)), empty((2, 3))], axis=2)
+
+
 def test_what_depends_on_the_values_is_refused_by_name():
     with pytest.raises(TypeError, match="np.argsort depends on the values"):
         np.argsort(empty((4, 8)), axis=-1)

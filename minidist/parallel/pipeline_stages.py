@@ -11,6 +11,7 @@ ranges of the ``p v`` virtual stages.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 
@@ -31,6 +32,14 @@ def partition(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
                          f"(need n_layers >= stages x virtual)")
     if any(c < 0 for c in costs):
         raise ValueError(f"partition: costs must be >= 0, got {list(costs)}")
+    return list(_partition(tuple(float(c) for c in costs), parts))
+
+
+@lru_cache(maxsize=64)
+def _partition(costs: tuple, parts: int) -> tuple:
+    """The programme itself, remembered: every rank of a launch cuts the same model (126 layers into 64
+    stages is a million steps)."""
+    n = len(costs)
     pre = np.concatenate([[0.0], np.cumsum(costs, dtype=float)])
     inf = float("inf")
     best = [[inf] * (n + 1) for _ in range(parts + 1)]  # best[k][i]: first i layers in k pieces
@@ -47,7 +56,7 @@ def partition(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
         j = cut[k][i]
         bounds.append((j, i))
         i = j
-    return bounds[::-1]
+    return tuple(bounds[::-1])
 
 
 def layer_costs(model, idx: np.ndarray, targets: np.ndarray) -> list[float]:
