@@ -66,6 +66,14 @@ def test_busy_merges_overlaps():
     assert tr.busy(0, "comm") == 4.0 and tr.busy(1, "compute") == 0.0
 
 
+def test_busy_within_clips_each_event_to_its_ranks_window():
+    tr = Trace([Event(0, "compute", "a", 0.0, 2.0, 0, 0), Event(0, "compute", "b", 2.0, 5.0, 0, 0),
+                Event(0, "comm", "x", 1.0, 3.0, 0, 0), Event(1, "compute", "c", 4.0, 9.0, 0, 0),
+                Event(2, "compute", "d", 0.0, 1.0, 0, 0)])
+    assert tr.busy_within([(1.0, 4.0), (0.0, 6.0), (1.0, 2.0)]) == [3.0, 2.0, 0.0]
+    assert tr.busy_within([(0.0, 9.0)] * 3, stream="comm") == [2.0, 0.0, 0.0]
+
+
 def test_plot_colours_by_op_name_with_a_legend():
     import matplotlib
 

@@ -9,7 +9,7 @@ Open the JSON in https://ui.perfetto.dev or chrome://tracing (chapter 32, profil
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 STREAMS = ("compute", "comm", "link")
@@ -91,6 +91,17 @@ class Trace:
         if cur_e is not None:
             total += cur_e - cur_s
         return total
+
+    def busy_within(self, windows: Sequence[tuple[float, float]], stream: str = "compute") -> list[float]:
+        """Seconds of ``stream`` events of each rank r inside ``windows[r]`` (each event clipped to it), in one
+        pass over the trace: a step's busy time per rank, however many ranks the run had."""
+        out = [0.0] * len(windows)
+        for e in self.events:
+            if e.stream == stream:
+                lo, hi = windows[e.rank]
+                if e.end > lo and e.start < hi:
+                    out[e.rank] += (e.end if e.end < hi else hi) - (e.start if e.start > lo else lo)
+        return out
 
     # -- export ----------------------------------------------------------------------------
     def to_chrome(self, path: str | None = None) -> dict:

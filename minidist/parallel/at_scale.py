@@ -118,11 +118,7 @@ def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int,
                 precision=precision, shape_only=True, backend="inprocess", representatives=True, timeout=timeout)
     wall = time.perf_counter() - start
     step = float(res.time[0])
-    busy = {}  # each simulated rank's seconds of compute inside its step (the compute stream runs one op at a time)
-    for e in res.trace.events:
-        w = res.windows[e.rank][0]
-        if e.stream == "compute" and w[0] <= e.start < w[1]:
-            busy[e.rank] = busy.get(e.rank, 0.0) + (e.end - e.start)
+    busy = res.trace.busy_within([w[0] for w in res.windows])  # each rank's seconds of compute in its step
     fullest = int(np.argmax(res.peak_memory))
     gpus = parallel.world_size
     tokens = global_batch * model.seq_len
@@ -135,5 +131,5 @@ def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int,
                      peak_memory=float(res.peak_memory[fullest]), breakdown=dict(res.peak_breakdown[fullest]),
                      hbm_bytes=float(hbm), num_params=int(res.num_params), gpus=gpus,
                      simulated_ranks=len(set(representatives(parallel))), wall_seconds=wall,
-                     compute_time=max(busy.values(), default=0.0))
+                     compute_time=max(busy, default=0.0))
 

@@ -26,9 +26,4 @@ def stragglers(per_rank_seconds, threshold: float = 3.5) -> list[int]:
 def compute_time_per_rank(result, step: int = -1) -> list[float]:
     """Each rank's busy compute time in one step of an ``md.parallel.train`` result (what a slow GPU stretches;
     the step time itself is the same on every rank once they synchronise)."""
-    out = []
-    for r, w in enumerate(result.windows):
-        lo, hi = w[step]
-        out.append(sum(min(e.end, hi) - max(e.start, lo) for e in result.trace.events
-                       if e.rank == r and e.stream == "compute" and e.end > lo and e.start < hi))
-    return out
+    return result.trace.busy_within([w[step] for w in result.windows])
