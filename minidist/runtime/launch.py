@@ -75,7 +75,7 @@ class _Segment:
     rank has mapped it; a parent killed meanwhile cannot unlink it, so multiprocess's resource
     tracker (a helper process that outlives the parent) is told about it and does, until unlinked.
     The tracker hears the name before the segment exists: a parent killed between creating and
-    registering it would leak it (the tracker unlinks a name that was never created harmlessly).
+    registering it would leak it (unlinking a name that was never created does no harm).
     """
 
     def __init__(self, size: int, fork: bool) -> None:
