@@ -5,6 +5,7 @@ dtypes, roots, groups, uneven all-to-all) against numpy; other algorithm files r
 """
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -210,3 +211,21 @@ def test_disagreeing_ranks_raise_on_every_rank(bad, warm):
         want = {"shape": "shape=(5,)", "dtype": "float64", "op": "op=MAX", "root": "src=2",
                 "algorithm": "'direct2'"}[bad]
         assert want in msg, msg
+
+
+def _broadcast_against_all_reduce():
+    x = np.zeros(4)
+    if dist.get_rank() == 2:
+        time.sleep(0.3)  # the others are asleep in the broadcast by now
+        dist.all_reduce(x)  # a call that wakes no one when it announces itself
+    else:
+        dist.broadcast(x, src=0)
+
+
+def test_a_rooted_call_against_an_all_hear_all_call_is_caught_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_broadcast_against_all_reduce, 3, timeout=30)
+    assert time.monotonic() - t0 < 3  # not the 30 s timeout
+    assert {name for name, _, _ in info.value.errors.values()} == {"MismatchError"}
+    assert "rank 2 called all_reduce" in str(info.value) and "broadcast(" in str(info.value)

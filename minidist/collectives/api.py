@@ -176,7 +176,7 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
     try:
         if plan.talks:
             seq = ctx.next_seq(g)
-            tp.publish(g.ranks, g.key, seq, sig)
+            tp.publish(g.ranks, g.key, seq, sig, wake=plan.agree)  # only peers in agree() sleep on it
             body(c, plan.fn)
             if plan.agree:
                 tp.agree(g.ranks, g.key, seq, sig, name)

@@ -251,7 +251,7 @@ class InProcessTransport:
         pass
 
     # -- collectives: every member announces its call, and they must agree ---------------------
-    def publish(self, ranks, key: int, seq: int, sig: bytes) -> None:
+    def publish(self, ranks, key: int, seq: int, sig: bytes, wake: bool = True) -> None:
         self.ex.calls[(self.rank, key)] = (seq, sig)
         self.coll = (ranks, key, seq, sig)
 

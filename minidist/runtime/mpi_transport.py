@@ -336,7 +336,7 @@ class MPITransport:
         self.hdr_req.clear()
 
     # -- collectives: the simulator's board, MPI's own communicators -------------------------
-    def publish(self, ranks, key: int, seq: int, sig: bytes) -> None:
+    def publish(self, ranks, key: int, seq: int, sig: bytes, wake: bool = True) -> None:
         self.coll = (ranks, key, seq, sig)
 
     def agree(self, ranks, key: int, seq: int, sig: bytes, what: str) -> None:

@@ -844,16 +844,23 @@ class Transport:
         raise MismatchError(f"ranks disagree about a collective call: rank {r} called {theirs}; "
                             f"rank {self.rank} called {sig.decode(errors='replace')}")
 
-    def publish(self, ranks, key: int, seq: int, sig: bytes) -> None:
-        """Announce this rank's collective call on the board (checked by peers that wait on us)."""
+    def publish(self, ranks, key: int, seq: int, sig: bytes, wake: bool = True) -> None:
+        """Announce this rank's collective call on the board (checked by peers that wait on us).
+
+        Peers sleep on the board only in ``agree``, waiting for this very call; a call that never agrees
+        (its data reaches everyone) passes ``wake=False``: a peer asleep there made another call, and
+        its own timed nap finds the disagreement. That saves a fence and a look at every member.
+        """
         board = self.board
         board.publish(self.rank, key, seq, sig)
+        self.coll = (ranks, key, seq, sig)
+        if not wake:
+            return
         fence()
         q, rec, me = board.q, board.rec, self.rank
         for r in ranks:  # wake only the peers sleeping in agree(), waiting for this
             if q[rec[r] + shm.R_NAP] and r != me:
                 self.bells[r].release()
-        self.coll = (ranks, key, seq, sig)
 
     def agree(self, ranks, key: int, seq: int, sig: bytes, what: str) -> None:
         """Wait until every member has published the same call (after the data moved, so usually at once).
