@@ -110,11 +110,6 @@ def _choose(coll: str, nbytes: int, c: Comm) -> str:
     return hit[1]
 
 
-_QUALIFIED = {name: f"md.dist.{name}" for name in (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast",
-    "reduce", "scatter", "gather", "barrier")}  # spelled once, not at every call
-
-
 class _Plan:
     """What repeats from one call to the next with the same arguments: checked, chosen and spelled once.
 
@@ -165,7 +160,7 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
     ``detail`` describes the arguments in the signature: a string, or (formatter, *args) to format only
     the first time this rank makes that call.
     """
-    ctx = current(_QUALIFIED.get(name) or f"md.dist.{name}")
+    ctx = current("md.dist." + name)
     plan = _plan(ctx, coll, name, group, algorithm, nbytes, detail)
     tp, clock = ctx.transport, ctx.clock
     start = clock.begin_comm()

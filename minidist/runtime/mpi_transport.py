@@ -125,7 +125,7 @@ class MPITransport:
         self.failed: list = []
         self.native: dict[tuple, object] = {}  # group ranks -> communicator, for MPI's own collectives
         # never poll a core another rank needs (MPI progresses only while polled, so no yielding poll here)
-        self.spin = SPIN if spin_seconds(self.world) > 0 and not oversubscribed(self.world) else 0.0
+        self.spin = SPIN if spin_seconds() > 0 and not oversubscribed(self.world) else 0.0
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",

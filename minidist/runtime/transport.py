@@ -65,7 +65,7 @@ from minidist.runtime.shm import (
 # Above this, a message is read in place by its receiver: one copy instead of two. Measured on 2 cores,
 # 256 KB is where that starts to pay (below it the extra round trip costs more than the copy saved).
 RENDEZVOUS_BYTES = 256 * 1024
-SPIN_US = 50.0  # default poll before sleeping, when every rank has a core of its own
+SPIN_US = 50.0  # default poll before sleeping (see spin_seconds)
 # a timeout report looks again for this long at ranks it saw running: between two of its waits a waiting rank runs
 # for a moment, and the report must not call it hung for that (the launcher's own deadline allows for it)
 SETTLE_S = 0.25
@@ -83,7 +83,7 @@ def oversubscribed(world: int) -> bool:
     return world > _cores()
 
 
-def spin_seconds(world: int) -> float:
+def spin_seconds() -> float:
     """How long a waiting rank polls before it sleeps on its doorbell.
 
     Sleeping on the semaphore costs a wake-up (tens of microseconds of CPU on both sides) per message;
@@ -313,7 +313,7 @@ class Transport:
         self.stash: dict[int, list] = {}
         self.failed: list = []  # ops whose error has not been raised yet
         self.coll = None  # (ranks, group key, seq, signature) of the collective in progress
-        self.spin = spin_seconds(self.world)
+        self.spin = spin_seconds()
         # between two looks of a poll: give the core away when ranks outnumber cores (see spin_seconds)
         self.pause = os.sched_yield if oversubscribed(self.world) and hasattr(os, "sched_yield") else None
         # Cross-memory attach (cma.py) for messages above RENDEZVOUS_BYTES (at most a whole channel).

@@ -26,7 +26,6 @@ import mmap
 import os
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import numpy as np
 
 import minidist.dist as dist
 from minidist.estimate.comm import algorithm_bandwidth, bus_bandwidth
-from minidist.runtime import cma, launch, transport
+from minidist.runtime import cma, launch, shm, transport
 from minidist.runtime.mpi_launch import mpi_available
 
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26)  # 1 KB, 16 KB, 256 KB, 4 MB, 64 MB
@@ -210,7 +209,7 @@ def python_floor(n: int = 20000) -> float:
     mm = mmap.mmap(-1, 1 << 16)
     words = memoryview(mm).cast("q")
     buf = np.frombuffer(mm, np.uint8)
-    header = struct.Struct("<qqddqq8q16sqq")
+    header = shm.HEADER  # the transport's own message header
 
     def run(r: int) -> float:
         mv, x = memoryview(mm), np.zeros(256, np.float32)
@@ -277,7 +276,7 @@ def main() -> None:
           "ranks waited for a core or a wake-up)")
     large = "read in place from the sender (cross-memory attach)" if cma.enabled() else \
         "copied through shared memory (cross-memory attach off)"
-    spin = transport.spin_seconds(2) * 1e6
+    spin = transport.spin_seconds() * 1e6
     print(f"large messages: {large}; poll before sleeping: {spin:.0f} us (yielding the core at each look when "
           f"ranks outnumber cores)")
     print(f"floor of a pure-Python exchange (1 KB each way through shared memory, header + copy + add, polling): "
