@@ -176,7 +176,10 @@ class RecvOp:
             tp.read_remote(self.peer, pid, addr, self.bview, n)
         else:
             dt, isz = self.flat.dtype, self.flat.itemsize
-            scratch = tp.scratch
+            # the scratch starts half a page past the source (mod a page), clear of 4K aliasing (cma.py)
+            base = tp.scratch.__array_interface__["data"][0]
+            start = (addr + cma.PAGE // 2 - base) % cma.PAGE
+            scratch = tp.scratch[start : start + tp.scratch.size - cma.PAGE]
             step = scratch.size // isz * isz
             for off in range(0, n, step):
                 k = min(step, n - off)
@@ -326,7 +329,7 @@ class Transport:
             self._probe_word = np.array([cma.MAGIC], np.int64)
             w = board.rec[rank]
             board.q[w + shm.R_PROBE] = self._probe_word.__array_interface__["data"][0]
-            self.scratch = np.empty(1 << 20, np.uint8)
+            self.scratch = np.empty((1 << 20) + cma.PAGE, np.uint8)
             for p in range(W):  # peers that started before us; the others when their first message arrives
                 if p != rank:
                     self._probe(p)
