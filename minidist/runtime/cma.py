@@ -7,7 +7,7 @@ reduces) from it directly, in one pass, and tells the sender when it is done (MP
 call this the rendezvous protocol).
 
 Where the copy lands matters as much as how much it copies. The kernel copies with ``rep movsb``,
-and on the course machine (AMD EPYC) that runs about five times slower when the destination lies 1
+and on an AMD EPYC machine of the course's kind that ran about five times slower when the destination lies 1
 to 32 bytes past the source modulo a 4 KB page: each load waits on a store it only seems to depend
 on (4K aliasing). Two buffers allocated one after the other by ``np.empty`` sit exactly 16 bytes
 apart that way (malloc's header), so an all-to-all from ``x`` into ``y`` hit it on every call. Such
@@ -76,13 +76,14 @@ def _copy(pid: int, remote: int, local: int, nbytes: int) -> str | None:
     return None
 
 
-_stage: list = []  # this process's staging buffer, made at its first aliased read (a forked child gets its own copy)
+_stage: list = []  # [mapping, its address]: made at this process's first aliased read (a forked child copies it)
 
 
 def _staged(pid: int, remote: int, local: int, nbytes: int) -> str | None:
     if not _stage:
-        _stage.append(mmap.mmap(-1, STAGE_BYTES + PAGE))
-    base = ctypes.addressof(ctypes.c_char.from_buffer(_stage[0]))
+        m = mmap.mmap(-1, STAGE_BYTES + PAGE)
+        _stage.extend((m, ctypes.addressof(ctypes.c_char.from_buffer(m))))
+    base = _stage[1]
     stage = base + (remote + PAGE // 2 - base) % PAGE  # half a page past the source: clear of the window both ways
     for off in range(0, nbytes, STAGE_BYTES):
         k = min(STAGE_BYTES, nbytes - off)
