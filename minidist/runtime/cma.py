@@ -76,12 +76,14 @@ def _copy(pid: int, remote: int, local: int, nbytes: int) -> str | None:
     return None
 
 
-_stage: list = []  # [mapping, its address]: made at this process's first aliased read (a forked child copies it)
+_stage: list = []  # [mapping, its address]: made at this process's first aliased read
 
 
 def _staged(pid: int, remote: int, local: int, nbytes: int) -> str | None:
     if not _stage:
-        m = mmap.mmap(-1, STAGE_BYTES + PAGE)
+        # private: an anonymous mmap is shared by default, and ranks forked from a process that had staged a
+        # read would then all stage through the same pages at once
+        m = mmap.mmap(-1, STAGE_BYTES + PAGE, flags=mmap.MAP_PRIVATE)  # fd -1: anonymous
         _stage.extend((m, ctypes.addressof(ctypes.c_char.from_buffer(m))))
     base = _stage[1]
     stage = base + (remote + PAGE // 2 - base) % PAGE  # half a page past the source: clear of the window both ways
