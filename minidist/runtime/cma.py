@@ -7,9 +7,9 @@ reduces) from it directly, in one pass, and tells the sender when it is done (MP
 call this the rendezvous protocol).
 
 Where the copy lands matters as much as how much it copies. The kernel copies with ``rep movsb``,
-and on an AMD EPYC machine of the course's kind that ran about five times slower when the destination lies 1
-to 32 bytes past the source modulo a 4 KB page: each load waits on a store it only seems to depend
-on (4K aliasing). Two buffers allocated one after the other by ``np.empty`` sit exactly 16 bytes
+which on an AMD EPYC machine of the course's kind ran about five times slower when the destination
+lay 1 to 32 bytes past the source modulo a 4 KB page: each load waits on a store it only seems to
+depend on (4K aliasing). Two buffers allocated one after the other by ``np.empty`` sit exactly 16 bytes
 apart that way (malloc's header), so an all-to-all from ``x`` into ``y`` hit it on every call. Such
 reads go through a 1 MB staging buffer placed half a page away from the source, and glibc's
 ``memmove`` (which steers clear of the aliasing) finishes the copy: 1.3 times a well-placed read
@@ -64,6 +64,13 @@ def aliased(remote: int, local: int) -> bool:
     return 0 < (local - remote) % PAGE <= ALIASED
 
 
+def clear_of(remote: int, base: int) -> int:
+    """The offset from ``base`` (within a page) of a buffer half a page past ``remote`` modulo a page: a copy
+    from ``remote`` into it, and one out of it to wherever ``remote``'s bytes were going, are both clear of 4K
+    aliasing."""
+    return (remote + PAGE // 2 - base) % PAGE
+
+
 def _copy(pid: int, remote: int, local: int, nbytes: int) -> str | None:
     done = 0
     while done < nbytes:
@@ -86,7 +93,7 @@ def _staged(pid: int, remote: int, local: int, nbytes: int) -> str | None:
         m = mmap.mmap(-1, STAGE_BYTES + PAGE, flags=mmap.MAP_PRIVATE)  # fd -1: anonymous
         _stage.extend((m, ctypes.addressof(ctypes.c_char.from_buffer(m))))
     base = _stage[1]
-    stage = base + (remote + PAGE // 2 - base) % PAGE  # half a page past the source: clear of the window both ways
+    stage = base + clear_of(remote, base)
     for off in range(0, nbytes, STAGE_BYTES):
         k = min(STAGE_BYTES, nbytes - off)
         err = _copy(pid, remote + off, stage, k)

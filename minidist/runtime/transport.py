@@ -176,9 +176,7 @@ class RecvOp:
             tp.read_remote(self.peer, pid, addr, self.bview, n)
         else:
             dt, isz = self.flat.dtype, self.flat.itemsize
-            # the scratch starts half a page past the source (mod a page), clear of 4K aliasing (cma.py)
-            base = tp.scratch.__array_interface__["data"][0]
-            start = (addr + cma.PAGE // 2 - base) % cma.PAGE
+            start = cma.clear_of(addr, tp.scratch.__array_interface__["data"][0])  # no 4K aliasing (cma.py)
             scratch = tp.scratch[start : start + tp.scratch.size - cma.PAGE]
             step = scratch.size // isz * isz
             for off in range(0, n, step):

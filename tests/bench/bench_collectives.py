@@ -63,9 +63,10 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 p, rank = comm.Get_size(), comm.Get_rank()
 sizes, ops, iters = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+batches = json.loads(sys.argv[4])
 out = {}
 for op in ops:
-    for n, it in zip(sizes, iters):
+    for n, it, nb in zip(sizes, iters, batches):
         k = n // 4
         x = np.zeros(k, np.float32)  # zeros: repeated sums stay finite
         y = np.empty(k, np.float32)
@@ -78,7 +79,6 @@ for op in ops:
             call = lambda: comm.Alltoall(x, y)
         for _ in range(max(2, it // 10)):
             call()
-        nb = 10 if it >= 100 else 5
         dt = float("inf")
         for _ in range(nb):
             comm.Barrier()
@@ -105,7 +105,8 @@ def run_mpich(p: int, sizes=SIZES, ops=OPS) -> dict | None:
         script = Path(tmp) / "mpi_worker.py"
         script.write_text(MPI_WORKER)
         cmd = [str(mpiexec), "-n", str(p), sys.executable, str(script), json.dumps(list(sizes)), json.dumps(list(ops)),
-               json.dumps([iterations(n) for n in sizes])]
+               json.dumps([iterations(n) for n in sizes]),
+               json.dumps([batches(iterations(n)) for n in sizes])]
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
