@@ -447,6 +447,28 @@ def test_a_receive_cycle_is_a_deadlock_found_in_seconds(no_leaks):
     assert "DeadlockError: deadlock: " in first and all(w in first for w in waits), first
 
 
+def _waits_that_move_on():
+    """Rank 0 waits on two peers; the first answers late, then waits on rank 0: no cycle, only a slow rank 2."""
+    from minidist.runtime.context import current
+
+    t, r = current().transport, dist.get_rank()
+    big = np.ones(1 << 17)  # 1 MB: the send is done only when rank 1 has taken it
+    if r == 0:
+        t.wait([t.isend(big, 1, 0, 0.0), t.irecv(np.zeros(1), 2, 0, 0.0)])
+        dist.send(np.ones(1), 1, tag=1)
+    elif r == 1:
+        time.sleep(0.3)  # long enough for rank 0 to write down that it waits on ranks 1 and 2
+        dist.recv(np.zeros_like(big), 0)
+        dist.recv(np.zeros(1), 0, tag=1)  # waits on rank 0, which now waits only on rank 2
+    else:
+        time.sleep(2.5)
+        dist.send(np.ones(1), 0)
+
+
+def test_a_wait_that_moved_on_is_not_taken_for_a_cycle(no_leaks):
+    launch(_waits_that_move_on, 3, timeout=20)
+
+
 def test_ranks_that_disagree_about_a_group_are_told_so_in_seconds(no_leaks):
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:

@@ -724,6 +724,9 @@ class Transport:
             while True:
                 if self.progress() and blocked:
                     deadlock.moved(self.board, self.rank)
+                    if described:  # what it waits for may have shrunk: a stale edge would close a false cycle
+                        self.board.set_desc(self.rank, self._what(ops))
+                        deadlock.publish_waits(self.board, self.rank, [op.peer for op in ops if not op.done])
                 if self.failed:
                     self._raise_failed(ops)
                 if all(op.done for op in ops):
