@@ -6,6 +6,10 @@ STAMP  := $(VENV)/.installed-test
 # Tests and notebooks run many small ops in several processes on few cores: one BLAS thread per
 # process is both faster and deterministic there.
 SERIAL := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# Tests and notebooks run side by side, one worker per core (`make test JOBS=1` runs them one at a time). A
+# notebook's cells must stay together on one worker, in order: --dist loadscope keeps each notebook whole.
+JOBS   ?= auto
+PAR    := $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 # The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
@@ -57,9 +61,10 @@ labs-check: $(STAMP)
 	$(BIN)/python -m minidist.labs.build --check
 
 test: $(STAMP) lint labs-check
-	$(SERIAL) $(BIN)/python -m pytest -q -m "not slow" --ignore=tests/browser tests
+	$(SERIAL) $(BIN)/python -m pytest -q $(PAR) -m "not slow" --ignore=tests/browser tests
 	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
-	  $(SERIAL) $(BIN)/python -m pytest -q --nbval --nbval-current-env -p tests.nb_timing solutions/; \
+	  $(SERIAL) $(BIN)/python -m pytest -q $(PAR) $(if $(PAR),--dist loadscope) --nbval --nbval-current-env \
+	    -p tests.nb_timing solutions/; \
 	else echo "(no solution notebooks yet)"; fi
 
 test-fast: $(STAMP)
@@ -82,7 +87,7 @@ bench: $(STAMP)
 	$(BIN)/python -m tests.bench
 
 test-slow: $(STAMP)
-	$(SERIAL) $(BIN)/python -m pytest -q -m slow --ignore=tests/browser tests
+	$(SERIAL) $(BIN)/python -m pytest -q $(PAR) -m slow --ignore=tests/browser tests
 
 # Debian's Chromium and ChromeDriver (root or sudo), selenium into the venv; JupyterLab opens the widget labs.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
