@@ -218,7 +218,7 @@ class _Ranks:
     def handle(self, conn) -> None:
         r = self.readers[conn]
         try:
-            msg = dill.loads(conn.recv_bytes())
+            msg = pickling.loads_report(conn.recv_bytes())
         except (EOFError, OSError):
             del self.readers[conn]
             return

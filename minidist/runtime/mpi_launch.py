@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import dill
-
 from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import pickling
@@ -89,7 +87,7 @@ class _Job:
                 path = os.path.join(self.folder, f"{r}.report")
                 if os.path.exists(path):
                     with open(path, "rb") as f:
-                        self.reports[r] = dill.loads(f.read())
+                        self.reports[r] = pickling.loads_report(f.read())
                     self.order.append(r)
 
 

@@ -122,10 +122,11 @@ def _run(folder: str) -> None:
         ctx.transport.flush()
         sys.stdout, sys.stderr = saved
         try:
-            data = dill.dumps(("ok", rank, value, ctx.clock.end(), ctx.memory, ctx.recorder.events, out.getvalue()))
+            data = pickling.dumps_report(("ok", rank, value, ctx.clock.end(), ctx.memory, ctx.recorder.events,
+                                          out.getvalue()))
         except Exception as e:
             failed = True
-            data = dill.dumps(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
+            data = pickling.dumps_report(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
                                f"pickled: {e}", "", None, out.getvalue(), ctx.clock.end()))
     except BaseException as e:
         sys.stdout, sys.stderr = saved
@@ -134,8 +135,8 @@ def _run(folder: str) -> None:
             exc = dill.dumps(e)
         except Exception:
             exc = None
-        data = dill.dumps(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc, out.getvalue(),
-                           ctx.clock.end()))
+        data = pickling.dumps_report(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc,
+                                      out.getvalue(), ctx.clock.end()))
     finally:
         sys.stdout, sys.stderr = saved
     out.flush_lines()

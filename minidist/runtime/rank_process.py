@@ -71,7 +71,7 @@ class _Pipe:
         self.conn, self.busy = conn, False
 
     def send(self, msg) -> None:
-        self.send_raw(dill.dumps(msg))
+        self.send_raw(pickling.dumps_report(msg))
 
     def send_raw(self, data: bytes, from_signal: bool = False) -> None:
         if self.busy and from_signal:
@@ -89,7 +89,7 @@ def _send_stack(pipe: _Pipe, rank: int, frame) -> None:
     ours = [i for i, f in enumerate(frames) if f.filename == __file__]
     mine = frames[ours[-1] + 1 if ours else 0 :][-8:]  # the rank's own frames, below rank_main
     try:
-        pipe.send_raw(dill.dumps(("stack", rank, "".join(traceback.format_list(mine)))), from_signal=True)
+        pipe.send_raw(pickling.dumps_report(("stack", rank, "".join(traceback.format_list(mine)))), from_signal=True)
     except Exception:
         pass
 
@@ -126,9 +126,9 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
         transport.ring_all()
         sys.stdout, sys.stderr = saved
         try:
-            data = dill.dumps(("ok", rank, value, clock.end(), ledger, recorder.events, out.getvalue()))
+            data = pickling.dumps_report(("ok", rank, value, clock.end(), ledger, recorder.events, out.getvalue()))
         except Exception as e:
-            data = dill.dumps(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
+            data = pickling.dumps_report(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
                                f"pickled: {e}", "", None, out.getvalue(), clock.end()))
     except BaseException as e:
         sys.stdout, sys.stderr = saved
@@ -140,8 +140,8 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
             exc = dill.dumps(e)
         except Exception:
             exc = None
-        data = dill.dumps(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc, out.getvalue(),
-                           clock.end()))
+        data = pickling.dumps_report(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc,
+                                      out.getvalue(), clock.end()))
     finally:
         sys.stdout, sys.stderr = saved
         set_cost_hook(None)
