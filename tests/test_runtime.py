@@ -300,7 +300,11 @@ def body():
     time.sleep(60)
 
 print("launching", flush=True)
-md.launch(body, 3, start_method=sys.argv[1])
+try:
+    md.launch(body, 3, start_method=sys.argv[1])
+except KeyboardInterrupt:
+    print(time.monotonic(), flush=True)  # the clock is the machine's: the test compares it with its own
+    raise
 """
 
 
@@ -346,13 +350,14 @@ def test_interrupt_at_any_moment_of_a_launch(tmp_path, method, delays):
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         try:
-            _, err = proc.communicate(timeout=5)
+            out, err = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
             pytest.fail(f"{method}: SIGINT {delay * 1e3:.0f} ms into the launch was lost (still running after 5 s)")
-        took = time.monotonic() - t0
         assert b"KeyboardInterrupt" in err, (delay, err[-800:])
-        assert took < 1.0, f"{method}: interrupted {delay * 1e3:.0f} ms in, it took {took:.2f} s to stop"
+        # when launch raised, not when the interpreter has exited: its shutdown is not the launch's doing
+        took = float(out) - t0
+        assert took < 1.0, f"{method}: interrupted {delay * 1e3:.0f} ms in, launch took {took:.2f} s to raise"
         time.sleep(0.1)
         assert _processes_with(marker) == [], f"{method}: ranks left running after an interrupt at {delay} s"
         assert _shm_entries(proc.pid) == []
