@@ -193,6 +193,19 @@ def test_rank_that_dies_is_reported(no_leaks):
         launch(f, 2, timeout=30)
 
 
+def test_a_rank_may_return_what_only_dill_pickles():
+    def f():
+        class Local:  # a class made inside the rank's function: the standard pickler cannot name it
+            def __init__(self, v):
+                self.v = v
+
+        r = dist.get_rank()
+        return Local(r), (lambda x: x + r), np.full(2, r)
+
+    res = launch(f, 2)
+    assert [(o.v, g(10), a.tolist()) for o, g, a in res] == [(0, 10, [0, 0]), (1, 11, [1, 1])]
+
+
 def test_unpicklable_return_value_is_an_error():
     def f():
         return (lambda: 1) if False else _Unpicklable()
