@@ -42,7 +42,7 @@ def test_every_collective_algorithm_and_dtype_is_bitwise_the_simulator():
     assert [e for e in inp.trace] == [e for e in sim.trace]
 
 
-@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("p", [4, pytest.param(8, marks=pytest.mark.slow)])  # 8 ranks: 6 s, make test-slow
 def test_every_algorithm_matches_numpy_in_process(p):
     res = launch(_world, p, args=(p,), cluster=Cluster(gpus_per_node=4 if p == 8 else 2), backend="inprocess")
     assert min(res) > 500  # checks made inside each rank, each against numpy

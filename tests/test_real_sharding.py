@@ -56,9 +56,11 @@ def _rank_memory(layout: ParallelConfig):
     return resident, peak, n_params, largest_unit
 
 
-@pytest.mark.parametrize("flavour, kept", [({"zero_stage": 1}, 20 / 32), ({"zero_stage": 2}, 14 / 32),
-                                           ({"zero_stage": 3}, 8 / 32), ({"fsdp": True}, 8 / 32)],
-                         ids=["zero1", "zero2", "zero3", "fsdp"])
+@pytest.mark.parametrize("flavour, kept", [  # 4 s each: make test runs the two ends, make test-slow the middle ones
+    pytest.param({"zero_stage": 1}, 20 / 32, id="zero1"),
+    pytest.param({"zero_stage": 2}, 14 / 32, id="zero2", marks=pytest.mark.slow),
+    pytest.param({"zero_stage": 3}, 8 / 32, id="zero3"),
+    pytest.param({"fsdp": True}, 8 / 32, id="fsdp", marks=pytest.mark.slow)])
 def test_a_rank_really_allocates_the_sharded_model_state(flavour, kept):
     dp = md.launch(_rank_memory, world_size=4, args=(ParallelConfig(dp=4),))
     sharded = md.launch(_rank_memory, world_size=4, args=(ParallelConfig(dp=4, **flavour),))
