@@ -127,7 +127,7 @@ def _run(folder: str) -> None:
         except Exception as e:
             failed = True
             data = pickling.dumps_report(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
-                               f"pickled: {e}", "", None, out.getvalue(), ctx.clock.end()))
+                                          f"pickled: {e}", "", None, out.getvalue(), ctx.clock.end()))
     except BaseException as e:
         sys.stdout, sys.stderr = saved
         failed = True

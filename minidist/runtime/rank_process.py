@@ -129,7 +129,7 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
             data = pickling.dumps_report(("ok", rank, value, clock.end(), ledger, recorder.events, out.getvalue()))
         except Exception as e:
             data = pickling.dumps_report(("error", rank, "PicklingError", f"the return value of rank {rank} cannot be "
-                               f"pickled: {e}", "", None, out.getvalue(), clock.end()))
+                                          f"pickled: {e}", "", None, out.getvalue(), clock.end()))
     except BaseException as e:
         sys.stdout, sys.stderr = saved
         board.set_state(rank, shm.FAILED)
