@@ -69,6 +69,7 @@ for op in ops:
     for n, it, nb in zip(sizes, iters, batches):
         k = n // 4
         x = np.zeros(k, np.float32)  # zeros: repeated sums stay finite
+        x[:] = 0  # written: until then every page of x is the kernel's one zero page, always in cache
         y = np.empty(k, np.float32)
         piece = np.ones(k // p, np.float32)
         if op == "all_reduce":
@@ -137,6 +138,7 @@ def _minidist_worker(sizes, ops, extra_algorithms):
     for op, n, alg in plan:
         k = n // 4
         x = np.zeros(k, np.float32)  # zeros: repeated sums stay finite
+        x[:] = 0  # written: until then every page of x is the kernel's one zero page, always in cache
         y = np.empty(k, np.float32)
         piece = np.ones(k // p, np.float32)
         call = _minidist_call(op, x, y, piece, alg)
