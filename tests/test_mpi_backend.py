@@ -246,23 +246,32 @@ def test_training_with_mpis_own_collectives_matches_to_rounding():
         md.parallel.train(cfg, md.parallel.ParallelConfig(dp=2, algorithm="native"), steps=1, global_batch=4)
 
 
-def _leftovers() -> tuple[list, list]:
+def _leftovers(launcher: int | None = None) -> tuple[list, list]:
+    """The MPI processes and job folders of launches made by ``launcher`` (this process by default) that are
+    still there. Jobs of other tests, running beside this one under pytest-xdist, are not counted."""
+    launcher = os.getpid() if launcher is None else launcher
+    mark = f"MINIDIST_MPI_LAUNCHER={launcher}\0".encode()  # in every process of the job's environment
     procs = []
-    for d in glob.glob("/proc/[0-9]*/cmdline"):
+    for d in glob.glob("/proc/[0-9]*"):
         try:
-            cmd = open(d, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            cmd = open(d + "/cmdline", "rb").read()
+            if b"minidist.runtime.mpi_worker" not in cmd or mark not in open(d + "/environ", "rb").read():
+                continue
         except OSError:
             continue
-        if "minidist.runtime.mpi_worker" in cmd:
-            procs.append(cmd)
-    folders = glob.glob(os.path.join(tempfile.gettempdir(), "minidist-mpi-*"))
+        procs.append(cmd.replace(b"\0", b" ").decode(errors="replace"))
+    folders = glob.glob(os.path.join(tempfile.gettempdir(), f"minidist-mpi-{launcher}-*"))
     return procs, folders
 
 
-def test_a_rank_that_raises_stops_the_job_named_with_nothing_left():
-    before = _leftovers()[1]
+def test_a_rank_that_raises_stops_the_job_named_with_nothing_left(tmp_path):
 
-    def fn():
+    def fn(seen):
+        from minidist.runtime.mpi_launch import mpi_segments
+
+        with open(os.path.join(seen, f"rank{dist.get_rank()}"), "w") as f:  # the MPI library's shared memory
+            f.write("\n".join(mpi_segments(["self"])))
+        dist.barrier()
         if dist.get_rank() == 2:
             raise ValueError("bad shard on rank two")
         x = np.zeros(3)
@@ -270,11 +279,13 @@ def test_a_rank_that_raises_stops_the_job_named_with_nothing_left():
 
     t = time.monotonic()
     with pytest.raises(RankError, match="rank 2 failed with ValueError: bad shard on rank two") as e:
-        launch(fn, 4, timeout=30, backend="mpi")
+        launch(fn, 4, args=(str(tmp_path),), timeout=30, backend="mpi")
     assert time.monotonic() - t < 15
     assert "Traceback" in str(e.value)
-    procs, folders = _leftovers()
-    assert procs == [] and set(folders) <= set(before)
+    assert _leftovers() == ([], [])
+    segments = {s for r in range(4) for s in (tmp_path / f"rank{r}").read_text().split()}
+    assert segments, "the ranks mapped no MPI shared memory: the check below would prove nothing"
+    assert [s for s in segments if os.path.exists(s)] == []  # the aborted job's segments are removed
 
 
 def test_disagreeing_ranks_are_named_under_mpi():
@@ -346,10 +357,10 @@ def _launching(tmp_path):
     return proc
 
 
-def _gone(deadline: float = 3.0) -> bool:
+def _gone(launcher: int, deadline: float = 3.0) -> bool:
     end = time.monotonic() + deadline
     while time.monotonic() < end:
-        if _leftovers()[0] == []:
+        if _leftovers(launcher)[0] == []:
             return True
         time.sleep(0.05)
     return False
@@ -360,7 +371,6 @@ def _gone(deadline: float = 3.0) -> bool:
 def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
     """Ctrl-C (SIGINT) while mpiexec starts or the ranks run: KeyboardInterrupt within 1 s, no rank left."""
     for delay in delays:
-        before = set(_leftovers()[1])
         proc = _launching(tmp_path)
         time.sleep(delay)
         t0 = time.monotonic()
@@ -372,8 +382,8 @@ def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
             pytest.fail(f"SIGINT {delay} s into an MPI launch was lost")
         assert b"KeyboardInterrupt" in err, (delay, err[-800:])
         assert float(out) - t0 < 1.0, f"launch raised {float(out) - t0:.2f} s after the interrupt"  # not at exit
-        assert _gone(), f"ranks left after an interrupt {delay} s in"
-        assert set(_leftovers()[1]) <= before
+        assert _gone(proc.pid), f"ranks left after an interrupt {delay} s in"
+        assert _leftovers(proc.pid)[1] == []
 
 
 @pytest.mark.parametrize("delays", [[1.0], pytest.param([i * 0.25 for i in range(12)], marks=pytest.mark.slow)])
@@ -383,7 +393,7 @@ def test_a_killed_launcher_takes_its_mpi_ranks_with_it(tmp_path, delays):
         time.sleep(delay)
         proc.kill()
         proc.communicate()
-        assert _gone(), f"MPI ranks orphaned by a launcher killed {delay} s in"
+        assert _gone(proc.pid), f"MPI ranks orphaned by a launcher killed {delay} s in"
 
 
 NOTEBOOK_CELL = """

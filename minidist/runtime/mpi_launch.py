@@ -110,6 +110,55 @@ def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
     while pids and time.monotonic() < end:
         time.sleep(0.005)
         pids = [p for p in pids if _running(p)]
+    remove_segments(recorded_segments(folder))  # a killed rank cannot remove its MPI library's shared memory
+
+
+def record_segments(folder: str, rank: int) -> None:
+    """Called by each rank once MPI is up: note its library's shared-memory files in the job's folder."""
+    Path(folder, f"{rank}.segments").write_text("\n".join(sorted(mpi_segments(["self"]))))
+
+
+def recorded_segments(folder: str) -> set[str]:
+    found = set()
+    for f in Path(folder).glob("*.segments"):
+        try:
+            found.update(f.read_text().split())
+        except OSError:
+            pass
+    return found
+
+
+# What MPI libraries name their node-local shared memory: MPICH, Open MPI's vader/sm transports.
+MPI_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/vader_segment", "/dev/shm/sm_segment")
+
+
+def mpi_segments(pids) -> set[str]:
+    """The MPI library's shared-memory files that processes ``pids`` have mapped ("self" for this one).
+
+    A job that ends normally removes them; one stopped (an abort, a timeout, Ctrl-C, a dead launcher)
+    leaves them in /dev/shm, a few MB each until the machine restarts, so each rank records them
+    (``record_segments``) and whoever stops the job removes them. Only the library's own names are taken:
+    a rank may map shared memory of the user's that must outlive the job."""
+    found = set()
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(None, 5)  # address, perms, offset, device, inode, path (if any)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
+                found.add(path)
+    return found
+
+
+def remove_segments(paths) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:  # already removed (by the library, or another rank of the job)
+            pass
 
 
 def _job_processes(folder: str, mpiexec: int) -> list[int]:
@@ -151,7 +200,7 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
     except Exception as e:
         raise TypeError(f"launch: fn and its arguments must be picklable to run under MPI: {type(e).__name__}: {e}") \
             from e
-    folder = tempfile.mkdtemp(prefix="minidist-mpi-")
+    folder = tempfile.mkdtemp(prefix=f"minidist-mpi-{os.getpid()}-")  # whose job it is, for whoever finds it
     live = LiveView(world_size, quiet)
     job = _Job(world_size, folder, live)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",

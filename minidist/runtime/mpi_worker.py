@@ -27,6 +27,7 @@ from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder
 from minidist.runtime import context, pickling
 from minidist.runtime.live import RankStream
+from minidist.runtime.mpi_launch import mpi_segments, record_segments, remove_segments
 from minidist.runtime.mpi_transport import MPITransport
 
 
@@ -83,6 +84,7 @@ def _die_with_launcher(parent: int, folder: str) -> None:
                 os.kill(parent, 0)
             except ProcessLookupError:
                 shutil.rmtree(folder, ignore_errors=True)  # nobody is left to remove it
+                remove_segments(mpi_segments(["self"]))  # nor the MPI library's shared memory (exit skips it)
                 os._exit(1)
             except PermissionError:
                 pass
@@ -98,6 +100,7 @@ def _run(folder: str) -> None:
         fn, args, kwargs, cluster, timeout = pickling.loads(f.read())
     ctx = start_rank(cluster, timeout)
     rank = ctx.rank
+    record_segments(folder, rank)
     out_path = os.path.join(folder, f"{rank}.out")
     live = open(out_path, "w")
 
