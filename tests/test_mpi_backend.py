@@ -27,7 +27,7 @@ import minidist.dist as dist
 from minidist.collectives import ALGORITHMS
 from minidist.hardware.cluster import Cluster
 from minidist.runtime import RankError, ReduceOp, launch
-from minidist.runtime.mpi_launch import mpi_available, mpiexec_path
+from minidist.runtime.mpi_launch import mpi_available, mpiexec_path, recorded_segments
 from tests.test_collectives_correctness import _world, data, reference
 
 pytestmark = pytest.mark.skipif(mpi_available() is not None, reason=f"MPI backend unavailable: {mpi_available()}")
@@ -267,10 +267,9 @@ def _leftovers(launcher: int | None = None) -> tuple[list, list]:
 def test_a_rank_that_raises_stops_the_job_named_with_nothing_left(tmp_path):
 
     def fn(seen):
-        from minidist.runtime.mpi_launch import mpi_segments
+        from minidist.runtime.mpi_launch import record_segments
 
-        with open(os.path.join(seen, f"rank{dist.get_rank()}"), "w") as f:  # the MPI library's shared memory
-            f.write("\n".join(mpi_segments(["self"])))
+        record_segments(seen, dist.get_rank())  # the MPI library's shared memory, where the test can read it
         dist.barrier()
         if dist.get_rank() == 2:
             raise ValueError("bad shard on rank two")
@@ -283,7 +282,7 @@ def test_a_rank_that_raises_stops_the_job_named_with_nothing_left(tmp_path):
     assert time.monotonic() - t < 15
     assert "Traceback" in str(e.value)
     assert _leftovers() == ([], [])
-    segments = {s for r in range(4) for s in (tmp_path / f"rank{r}").read_text().split()}
+    segments = recorded_segments(str(tmp_path))
     assert segments, "the ranks mapped no MPI shared memory: the check below would prove nothing"
     assert [s for s in segments if os.path.exists(s)] == []  # the aborted job's segments are removed
 

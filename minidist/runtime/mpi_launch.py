@@ -29,6 +29,8 @@ from minidist.runtime import pickling
 from minidist.runtime.live import LiveView
 
 POLL = 0.02  # seconds between looks at the ranks' files
+# What MPI libraries name their node-local shared memory: MPICH, Open MPI's vader/sm transports.
+MPI_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/vader_segment", "/dev/shm/sm_segment")
 
 
 def mpiexec_path() -> str:
@@ -115,7 +117,7 @@ def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
 
 def record_segments(folder: str, rank: int) -> None:
     """Called by each rank once MPI is up: note its library's shared-memory files in the job's folder."""
-    Path(folder, f"{rank}.segments").write_text("\n".join(sorted(mpi_segments(["self"]))))
+    Path(folder, f"{rank}.segments").write_text("\n".join(sorted(mpi_segments())))
 
 
 def recorded_segments(folder: str) -> set[str]:
@@ -128,28 +130,23 @@ def recorded_segments(folder: str) -> set[str]:
     return found
 
 
-# What MPI libraries name their node-local shared memory: MPICH, Open MPI's vader/sm transports.
-MPI_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/vader_segment", "/dev/shm/sm_segment")
-
-
-def mpi_segments(pids) -> set[str]:
-    """The MPI library's shared-memory files that processes ``pids`` have mapped ("self" for this one).
+def mpi_segments() -> set[str]:
+    """The MPI library's shared-memory files this process has mapped.
 
     A job that ends normally removes them; one stopped (an abort, a timeout, Ctrl-C, a dead launcher)
     leaves them in /dev/shm, a few MB each until the machine restarts, so each rank records them
     (``record_segments``) and whoever stops the job removes them. Only the library's own names are taken:
     a rank may map shared memory of the user's that must outlive the job."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:  # not Linux
+        return set()
     found = set()
-    for pid in pids:
-        try:
-            lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split(None, 5)  # address, perms, offset, device, inode, path (if any)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
-                found.add(path)
+    for line in lines:
+        fields = line.split(None, 5)  # address, perms, offset, device, inode, path (if any)
+        path = fields[5].strip() if len(fields) == 6 else ""
+        if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
+            found.add(path)
     return found
 
 

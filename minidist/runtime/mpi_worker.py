@@ -84,7 +84,7 @@ def _die_with_launcher(parent: int, folder: str) -> None:
                 os.kill(parent, 0)
             except ProcessLookupError:
                 shutil.rmtree(folder, ignore_errors=True)  # nobody is left to remove it
-                remove_segments(mpi_segments(["self"]))  # nor the MPI library's shared memory (exit skips it)
+                remove_segments(mpi_segments())  # nor the MPI library's shared memory (exit skips it)
                 os._exit(1)
             except PermissionError:
                 pass
