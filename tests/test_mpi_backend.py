@@ -287,6 +287,28 @@ def test_a_rank_that_raises_stops_the_job_named_with_nothing_left(tmp_path):
     assert [s for s in segments if os.path.exists(s)] == []  # the aborted job's segments are removed
 
 
+def test_a_job_stopped_before_its_ranks_recorded_their_shared_memory_leaves_none(tmp_path):
+    """Ctrl-C during MPI_Init: a rank has mapped its library's shared memory but not yet written it down. The
+    launcher finds it in the ranks' maps before it stops them (a swept Ctrl-C left 5 segments in 24 before)."""
+
+    def fn(seen):
+        import sys
+
+        from minidist.runtime.mpi_launch import record_segments
+
+        record_segments(seen, dist.get_rank())  # for the test's eyes only
+        os.remove(os.path.join(sys.argv[1], f"{dist.get_rank()}.segments"))  # as if stopped before recording
+        dist.barrier()
+        time.sleep(60)
+
+    with pytest.raises(RankError, match="deadline"):
+        launch(fn, 2, args=(str(tmp_path),), timeout=30, backend="mpi", deadline=3)
+    assert _leftovers() == ([], [])
+    segments = recorded_segments(str(tmp_path))
+    assert segments, "the ranks mapped no MPI shared memory: the check below would prove nothing"
+    assert [s for s in segments if os.path.exists(s)] == []
+
+
 def test_disagreeing_ranks_are_named_under_mpi():
     def fn():
         x = np.zeros(4 if dist.get_rank() == 0 else 5)

@@ -102,6 +102,10 @@ def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
     private folder, the proxy is mpiexec's child.
     """
     pids = _job_processes(folder, proc.pid)
+    # A rank stopped inside MPI_Init has mapped its library's shared memory but not yet recorded it: freeze the
+    # job and read what each process maps before the kill (a killed rank cannot remove it, nor can the library).
+    _freeze([proc.pid, *pids])
+    segments = recorded_segments(folder).union(*(mpi_segments(p) for p in pids))
     for pid in [proc.pid, *pids]:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -112,7 +116,19 @@ def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
     while pids and time.monotonic() < end:
         time.sleep(0.005)
         pids = [p for p in pids if _running(p)]
-    remove_segments(recorded_segments(folder))  # a killed rank cannot remove its MPI library's shared memory
+    remove_segments(segments | recorded_segments(folder))
+
+
+def _freeze(pids: list[int], wait: float = 0.2) -> None:
+    """SIGSTOP ``pids``; wait (at most ``wait`` s) until each has stopped or is gone, so what they map stays put."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + wait
+    while time.monotonic() < end and any(_state(p) not in ("T", "t", "Z", "X", "") for p in pids):
+        time.sleep(0.001)
 
 
 def record_segments(folder: str, rank: int) -> None:
@@ -130,16 +146,17 @@ def recorded_segments(folder: str) -> set[str]:
     return found
 
 
-def mpi_segments() -> set[str]:
-    """The MPI library's shared-memory files this process has mapped.
+def mpi_segments(pid: int | str = "self") -> set[str]:
+    """The MPI library's shared-memory files process ``pid`` (this one by default) has mapped.
 
     A job that ends normally removes them; one stopped (an abort, a timeout, Ctrl-C, a dead launcher)
     leaves them in /dev/shm, a few MB each until the machine restarts, so each rank records them
-    (``record_segments``) and whoever stops the job removes them. Only the library's own names are taken:
-    a rank may map shared memory of the user's that must outlive the job."""
+    (``record_segments``), the launcher looks at its ranks' maps before it stops them, and whoever stops
+    the job removes them. Only the library's own names are taken: a rank may map shared memory of the
+    user's that must outlive the job."""
     try:
-        lines = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:  # not Linux
+        lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    except OSError:  # the process is gone, or this is not Linux
         return set()
     found = set()
     for line in lines:
@@ -176,12 +193,17 @@ def _job_processes(folder: str, mpiexec: int) -> list[int]:
     return found
 
 
+def _state(pid: int) -> str:
+    """The state letter of ``pid`` in /proc (R, S, T, Z, ...), or "" if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def _running(pid: int) -> bool:
     """Whether ``pid`` is alive and not a zombie waiting to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return _state(pid) not in ("Z", "")
 
 
 def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None, timeout: float,
