@@ -33,7 +33,7 @@ from minidist.runtime.transport import oversubscribed, spin_seconds, wire_signat
 
 HDR_TAG, DATA_TAG = 0, 1
 HDR_BYTES = HEADER.size + SIG_MAX
-SPIN = 2e-3  # seconds a wait polls before napping, when every rank has a core of its own
+SPIN = 2e-3  # seconds a wait polls before napping (yielding the core at each look when ranks outnumber cores)
 NAP_MAX = 200e-6  # MPI moves a message (and a collective's schedule) only while it is polled
 
 
@@ -124,8 +124,10 @@ class MPITransport:
         self.stash: dict[int, list[_Incoming]] = {}  # messages nobody asked for yet, by sender
         self.failed: list = []
         self.native: dict[tuple, object] = {}  # group ranks -> communicator, for MPI's own collectives
-        # never poll a core another rank needs (MPI progresses only while polled, so no yielding poll here)
-        self.spin = SPIN if spin_seconds() > 0 and not oversubscribed(self.world) else 0.0
+        # MPI moves a message only while some rank polls, so a wait polls before it naps; when ranks outnumber
+        # cores it gives the core away at each look (a peer on the same core runs at once), as the simulator does
+        self.spin = SPIN if spin_seconds() > 0 else 0.0
+        self.yield_while_spinning = oversubscribed(self.world) and hasattr(os, "sched_yield")
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
@@ -305,7 +307,7 @@ class MPITransport:
                     f"are not visible from here)", {self.rank: "waiting"})
             if moved:
                 nap = 0.0
-            elif yielding:
+            elif yielding or (self.yield_while_spinning and now - t0 <= self.spin):
                 os.sched_yield()
             elif now - t0 > self.spin:  # polled long enough: nap, longer each time, up to NAP_MAX
                 nap = min(NAP_MAX, nap * 2 or 10e-6)
