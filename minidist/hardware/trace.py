@@ -8,7 +8,9 @@ Open the JSON in https://ui.perfetto.dev or chrome://tracing (chapter 32, profil
 
 from __future__ import annotations
 
+import gc
 import json
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -44,17 +46,60 @@ class Recorder:
             self.events.append((stream, name, start, end, nbytes, flops))
 
 
+_ORDER = operator.itemgetter(3, 0, 1)  # start, rank, stream: a C key, no Python call per event
+_RAW_ORDER = operator.itemgetter(2, 0)  # the same order within one rank's recorded tuples
+
+
 class Trace:
-    """All ranks' events, sorted by start time."""
+    """All ranks' events, sorted by start time.
+
+    A launch hands over each rank's recorded tuples; the sorted list of Events is made the first time
+    someone asks for it (a long run records hundreds of thousands, and most callers only want a few
+    sums, which ``busy_within`` and ``bytes_within`` take from the tuples directly).
+    """
 
     def __init__(self, events: Iterable[Event] = ()) -> None:
-        self.events: list[Event] = sorted(events, key=lambda e: (e.start, e.rank, e.stream))
+        self._raw: dict[int, list[tuple]] | None = None
+        self._per_rank: dict[int, list[tuple]] | None = None
+        self._events: list[Event] | None = sorted(events, key=_ORDER)
 
     @classmethod
     def from_recorders(cls, per_rank: dict[int, list[tuple]]) -> Trace:
-        return cls(Event(r, *e) for r, evs in per_rank.items() for e in evs)
+        tr = cls()
+        tr._raw, tr._events = per_rank, None
+        return tr
+
+    @property
+    def events(self) -> list[Event]:
+        if self._events is None:
+            new = tuple.__new__  # an Event without namedtuple's Python-level __new__
+            collecting = gc.isenabled()
+            gc.disable()  # hundreds of thousands of new tuples would start a collection every few hundred
+            try:
+                evs = [new(Event, (r, *e)) for r, es in self._raw.items() for e in es]
+                evs.sort(key=_ORDER)  # stable: events that tie keep the order they were recorded in
+            finally:
+                if collecting:
+                    gc.enable()
+            self._events, self._raw = evs, None
+        return self._events
+
+    def _by_rank(self) -> dict[int, list[tuple]]:
+        """rank -> its events as (stream, name, start, end, nbytes, flops), in the order ``events`` has them
+        (sums over them then add up exactly as sums over ``events`` do)."""
+        if self._per_rank is None:
+            if self._raw is not None:
+                self._per_rank = {r: sorted(es, key=_RAW_ORDER) for r, es in self._raw.items()}
+            else:
+                per: dict[int, list[tuple]] = {}
+                for e in self._events:
+                    per.setdefault(e.rank, []).append(e[1:])
+                self._per_rank = per
+        return self._per_rank
 
     def __len__(self) -> int:
+        if self._raw is not None:
+            return sum(len(es) for es in self._raw.values())
         return len(self.events)
 
     def __iter__(self) -> Iterator[Event]:
@@ -96,11 +141,22 @@ class Trace:
         """Seconds of ``stream`` events of each rank r inside ``windows[r]`` (each event clipped to it), in one
         pass over the trace: a step's busy time per rank, however many ranks the run had."""
         out = [0.0] * len(windows)
-        for e in self.events:
-            if e.stream == stream:
-                lo, hi = windows[e.rank]
-                if e.end > lo and e.start < hi:
-                    out[e.rank] += (e.end if e.end < hi else hi) - (e.start if e.start > lo else lo)
+        for rank, evs in self._by_rank().items():
+            lo, hi = windows[rank]
+            for st, _, start, end, _, _ in evs:
+                if st == stream and end > lo and start < hi:
+                    out[rank] += (end if end < hi else hi) - (start if start > lo else lo)
+        return out
+
+    def bytes_within(self, rank: int, windows: Sequence[tuple[float, float]], stream: str = "link") -> list[float]:
+        """Bytes of ``rank``'s ``stream`` events that start inside each of ``windows`` (say, what it sent in each
+        training step)."""
+        out = [0] * len(windows)  # as sum() gives: 0 where nothing was sent
+        for st, _, start, _, nbytes, _ in self._by_rank().get(rank, ()):
+            if st == stream:
+                for i, (lo, hi) in enumerate(windows):
+                    if lo <= start < hi:
+                        out[i] += nbytes
         return out
 
     # -- export ----------------------------------------------------------------------------

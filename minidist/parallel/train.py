@@ -265,13 +265,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     losses = attempts.losses + [float(sum(o["losses"][s] for o in lead)) for s in range(ran)]
     windows = [o["windows"] for o in out]
     time = attempts.times + [max(w[s][1] - w[s][0] for w in windows) for s in range(ran)]
-    sent: dict[int, list] = {}
-    for e in res.trace:
-        if e.stream == "link":
-            sent.setdefault(e.rank, []).append(e)
     rep = getattr(res, "representatives", None) or list(range(len(out)))  # a rank's trace is its representative's
-    per_rep = {r: [sum(e.nbytes for e in sent.get(r, ()) if windows[r][s][0] <= e.start < windows[r][s][1])
-                   for s in range(ran)] for r in set(rep)}
+    per_rep = {r: res.trace.bytes_within(r, windows[r][:ran]) for r in set(rep)}
     comm = [[per_rep[rep[r]][s] for r in range(len(out))] for s in range(ran)]
     if shape_only:
         params, grads, rank_params = {}, {}, None
