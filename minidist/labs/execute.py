@@ -41,8 +41,11 @@ def run_notebook(path: Path, timeout: float = CELL_TIMEOUT_S):
         raise RuntimeError(f"running a notebook needs nbclient and nbformat (installed with jupyterlab): {e}") from e
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
+    # The kernel's own log says at every start that it talks over local TCP without encryption (true of every
+    # local kernel, and noise above a learner's results); errors still show. What the cells print is unaffected.
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                                      record_timing=False, interrupt_on_timeout=True,
+                                     extra_arguments=["--IPKernelApp.log_level=ERROR"],
                                      resources={"metadata": {"path": str(path.resolve().parent)}})
     client.km = client.create_kernel_manager()
     for cell in nb.cells:
