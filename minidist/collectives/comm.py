@@ -139,8 +139,10 @@ class Comm:
             local()
             self.sendrecv(sendbuf, dst, recvbuf, src)
             return
-        r = self.irecv(recvbuf, src)
+        # ours is offered first: posting the receive may read the peer's whole message at once, and a peer that
+        # got here first would sit idle until ours appeared
         s = self.isend(sendbuf, dst)
+        r = self.irecv(recvbuf, src)
         local()
         self.wait(s, r)
 

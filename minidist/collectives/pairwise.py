@@ -39,7 +39,7 @@ def all_to_all(c: Comm, outs: list, ins: list) -> None:
 
 
 def _posted_early(c: Comm, outs: list, ins: list, keep_own) -> None:
-    """The same steps with every receive posted first, as MPI libraries do for large blocks.
+    """The same steps with every receive posted at the start, as MPI libraries do for large blocks.
 
     Each block is then read from its sender's memory as soon as the sender starts step k, instead of
     when the receiver reaches step k: on fewer cores than ranks that removes a wait per step. The
@@ -47,9 +47,12 @@ def _posted_early(c: Comm, outs: list, ins: list, keep_own) -> None:
     cursor to the latest of the step's completions and the cursor).
     """
     p, r = c.size, c.rank
+    # the first block is offered before any receive is posted: a posted receive may read its whole block at
+    # once, and the peer waiting for ours would sit idle meanwhile
+    first = c.isend(ins[(r + 1) % p], (r + 1) % p)
     recvs = {k: c.irecv(outs[(r - k) % p], (r - k) % p) for k in range(1, p)}
     for k in range(1, p):
-        send = c.isend(ins[(r + k) % p], (r + k) % p)
+        send = first if k == 1 else c.isend(ins[(r + k) % p], (r + k) % p)
         if k == 1:
             keep_own()
         c.wait(send, recvs[k])
