@@ -116,8 +116,10 @@ class Comm:
         t = tp.sendrecv_small(sendbuf, peer_out, recvbuf, peer_in, wire_tag, t0, self._sig, self.name, ufunc)
         if t is None:  # too large, or other messages in flight: the queued path
             into = recvbuf if recvbuf is not sendbuf else np.empty_like(recvbuf)  # it may receive before sending
-            r = tp.irecv(into, peer_in, wire_tag, t0, None if into is not recvbuf else ufunc, self._sig, self.name)
+            # ours is offered first: posting the receive may read (or reduce) the peer's whole message at once,
+            # and a peer that got here first would sit idle until ours appeared
             s = tp.isend(sendbuf, peer_out, wire_tag, t0, self._sig, self.name, True)
+            r = tp.irecv(into, peer_in, wire_tag, t0, None if into is not recvbuf else ufunc, self._sig, self.name)
             tp.wait([s, r])
             if into is not recvbuf:
                 if ufunc is None:
