@@ -95,3 +95,41 @@ def test_plot_colours_by_op_name_with_a_legend():
     assert ax.get_xlabel() == "simulated time (us)"
     with pytest.raises(ValueError, match="color_by"):
         tr.plot(color_by="rank")
+
+
+def _recorded(seed: int = 0, ranks: int = 3, per_rank: int = 400) -> dict[int, list[tuple]]:
+    """Recorder tuples (stream, name, start, end, nbytes, flops) with many equal starts, as a real run has."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for r in range(ranks):
+        starts = np.round(np.sort(rng.uniform(0, 1, per_rank)), 2)  # rounded: ties across streams and ranks
+        out[r] = [(str(rng.choice(["compute", "comm", "link"])), f"op{i % 5}", float(s), float(s + rng.uniform(0, 0.1)),
+                   float(rng.integers(1, 1000)), 0.0) for i, s in enumerate(rng.permutation(starts))]
+    return out
+
+
+def test_a_launch_trace_sorts_its_events_as_a_trace_of_events_does():
+    per_rank = _recorded()
+    lazy = Trace.from_recorders(per_rank)
+    assert len(lazy) == sum(len(v) for v in per_rank.values())  # counted without building the events
+    eager = Trace(Event(r, *e) for r, evs in per_rank.items() for e in evs)
+    assert lazy.events == eager.events  # same order, ties included (stable on start, rank, stream)
+    assert [e.start for e in lazy] == sorted(e.start for e in lazy)
+
+
+def test_sums_over_the_recorded_tuples_equal_sums_over_the_events():
+    per_rank = _recorded(seed=1)
+    events = Trace(Event(r, *e) for r, evs in per_rank.items() for e in evs).events
+    windows = [(0.1, 0.45), (0.3, 0.9), (0.0, 1.0)]
+    busy = [0.0] * 3
+    for e in events:  # the definition, over the sorted events
+        lo, hi = windows[e.rank]
+        if e.stream == "compute" and e.end > lo and e.start < hi:
+            busy[e.rank] += min(e.end, hi) - max(e.start, lo)
+    steps = [(0.0, 0.25), (0.25, 0.5), (0.5, 2.0)]
+    sent = {r: [sum(e.nbytes for e in events if e.rank == r and e.stream == "link" and lo <= e.start < hi)
+                for lo, hi in steps] for r in range(3)}
+    for tr in (Trace.from_recorders(per_rank), Trace(events)):  # before and after the events are built
+        assert tr.busy_within(windows) == busy  # to the bit: the same additions in the same order
+        assert {r: tr.bytes_within(r, steps) for r in range(3)} == sent
+    assert Trace.from_recorders(per_rank).bytes_within(7, steps) == [0, 0, 0]  # a rank that sent nothing
