@@ -29,8 +29,10 @@ from minidist.runtime import pickling
 from minidist.runtime.live import LiveView
 
 POLL = 0.02  # seconds between looks at the ranks' files
-# What MPI libraries name their node-local shared memory: MPICH, Open MPI's vader/sm transports.
-MPI_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/vader_segment", "/dev/shm/sm_segment")
+# What MPI libraries name their node-local shared memory: MPICH, the UCX it may run on (a 64 KB segment left once
+# in about 400 interrupted launches here), Open MPI's vader/sm transports.
+MPI_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/ucx_shm_posix_", "/dev/shm/vader_segment",
+                        "/dev/shm/sm_segment")
 
 
 def mpiexec_path() -> str:
