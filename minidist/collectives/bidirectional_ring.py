@@ -26,7 +26,7 @@ def _step(c: Comm, send_a, recv_a, send_b, recv_b, op) -> None:
     """Clockwise half (tag 0) and counter-clockwise half (tag 1) in one step."""
     r, p = c.rank, c.size
     right, left = (r + 1) % p, (r - 1) % p
-    # sends first: a posted receive may take its whole message at once, and the peers wait for ours
+    # sends first (see Comm.sendrecv)
     hs = (c.isend(send_a, right, 0), c.isend(send_b, left, 1),
           c.irecv(recv_a, left, 0, op), c.irecv(recv_b, right, 1, op))
     c.wait(*hs)

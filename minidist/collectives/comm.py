@@ -141,9 +141,7 @@ class Comm:
             local()
             self.sendrecv(sendbuf, dst, recvbuf, src)
             return
-        # ours is offered first: posting the receive may read the peer's whole message at once, and a peer that
-        # got here first would sit idle until ours appeared
-        s = self.isend(sendbuf, dst)
+        s = self.isend(sendbuf, dst)  # offered first, as in sendrecv
         r = self.irecv(recvbuf, src)
         local()
         self.wait(s, r)

@@ -80,8 +80,7 @@ def reduce_scatter(c: Comm, out: np.ndarray, ins: list, op: ReduceOp) -> None:
 
 @register("all_to_all", "direct")
 def all_to_all(c: Comm, outs: list, ins: list) -> None:
-    # no root here: every rank posts all its sends and receives at once (sends first: a posted receive may take
-    # its whole block at once, and the peers wait for ours)
+    # no root here: every rank posts all its sends, then all its receives (offered first: see Comm.sendrecv)
     handles = [c.isend(ins[i], i) for i in range(c.size) if i != c.rank]
     handles += [c.irecv(outs[i], i) for i in range(c.size) if i != c.rank]
     outs[c.rank][...] = ins[c.rank]

@@ -47,9 +47,7 @@ def _posted_early(c: Comm, outs: list, ins: list, keep_own) -> None:
     cursor to the latest of the step's completions and the cursor).
     """
     p, r = c.size, c.rank
-    # the first block is offered before any receive is posted: a posted receive may read its whole block at
-    # once, and the peer waiting for ours would sit idle meanwhile
-    first = c.isend(ins[(r + 1) % p], (r + 1) % p)
+    first = c.isend(ins[(r + 1) % p], (r + 1) % p)  # offered before any receive is posted (see Comm.sendrecv)
     recvs = {k: c.irecv(outs[(r - k) % p], (r - k) % p) for k in range(1, p)}
     for k in range(1, p):
         send = first if k == 1 else c.isend(ins[(r + k) % p], (r + k) % p)

@@ -107,7 +107,7 @@ def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
     # A rank stopped inside MPI_Init has mapped its library's shared memory but not yet recorded it: freeze the
     # job and read what each process maps before the kill (a killed rank cannot remove it, nor can the library).
     _freeze([proc.pid, *pids])
-    segments = recorded_segments(folder).union(*(mpi_segments(p) for p in pids))
+    mapped = set().union(*(mpi_segments(p) for p in pids))
     for pid in [proc.pid, *pids]:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -118,7 +118,7 @@ def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
     while pids and time.monotonic() < end:
         time.sleep(0.005)
         pids = [p for p in pids if _running(p)]
-    remove_segments(segments | recorded_segments(folder))
+    remove_segments(mapped | recorded_segments(folder))
 
 
 def _freeze(pids: list[int], wait: float = 0.2) -> None:

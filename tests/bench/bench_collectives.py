@@ -143,20 +143,24 @@ def _minidist_worker(sizes, ops, extra_algorithms):
         x[:] = 0  # written: until then every page of x is the kernel's one zero page, always in cache
         y = np.empty(k, np.float32)
         piece = np.ones(k // p, np.float32)
-        call = _minidist_call(op, x, y, piece, alg)
-        it = iterations(n)
-        for _ in range(max(2, it // 10)):
-            call()
-        nb = batches(it)
-        best = (float("inf"), 0.0)
-        for _ in range(nb):
-            dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(it // nb):
-                call()
-            best = min(best, ((time.perf_counter() - t0) / (it // nb), (time.process_time() - c0) / (it // nb)))
-        out[op, n, alg] = best
+        out[op, n, alg] = _fastest_batch(_minidist_call(op, x, y, piece, alg), iterations(n), dist.barrier)
     return out
+
+
+def _fastest_batch(call, it: int, sync) -> tuple[float, float]:
+    """(wall, CPU) seconds per call of ``call``: a warm-up, then ``batches(it)`` timed batches, each after
+    ``sync()``; the fastest batch counts (see ``batches``)."""
+    for _ in range(max(2, it // 10)):
+        call()
+    nb = batches(it)
+    best = (float("inf"), 0.0)
+    for _ in range(nb):
+        sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(it // nb):
+            call()
+        best = min(best, ((time.perf_counter() - t0) / (it // nb), (time.process_time() - c0) / (it // nb)))
+    return best
 
 
 def run_minidist(p: int, sizes=SIZES, ops=OPS, extra_algorithms=("ring", "halving_doubling")) -> dict:
@@ -263,10 +267,9 @@ def copy_floor(p: int, op: str, nbytes: int = SIZES[-1]) -> float | None:
     available."""
     if not cma.enabled():
         return None
-    it = iterations(nbytes)
-    nb, blk, per = batches(it), nbytes // p, 64  # per: words of the control page each process owns
+    it, blk, per = iterations(nbytes), nbytes // p, 64  # per: words of the control page each process owns
     ctl = mmap.mmap(-1, 8 * per * p)
-    w = memoryview(ctl).cast("q")  # process r: w[per r] source address, +1 pid, +2 barrier count, +3 result (ns)
+    w = memoryview(ctl).cast("q")  # process r: w[per r] source, +1 pid, +2 barrier count, +3 result (ns), +4 output
     pause = os.sched_yield if p > os.cpu_count() else None
 
     def meet(r: int, k: int) -> None:
@@ -280,10 +283,9 @@ def copy_floor(p: int, op: str, nbytes: int = SIZES[-1]) -> float | None:
         src = np.ones(nbytes if op == "all_to_all" else blk, np.uint8)
         y = np.zeros(nbytes, np.uint8)
         y[:] = 1  # written: see x in _minidist_worker
-        w[per * r], w[per * r + 1] = src.__array_interface__["data"][0], os.getpid()
+        at = y.__array_interface__["data"][0]
+        w[per * r], w[per * r + 1], w[per * r + 4] = src.__array_interface__["data"][0], os.getpid(), at
         meet(r, 1)
-        w[per * r + 4] = at = y.__array_interface__["data"][0]
-        meet(r, 2)
         if op == "all_to_all":  # (pid, address there, address here) of each block, and no meeting between them
             steps = [[(w[per * q + 1], w[per * q] + r * blk, at + q * blk) for q in ((r + k) % p for k in range(1, p))]]
         else:  # ring: step 0 reads the left neighbour's input, later steps what it took the step before
@@ -291,29 +293,22 @@ def copy_floor(p: int, op: str, nbytes: int = SIZES[-1]) -> float | None:
             steps = [[(w[per * left + 1], w[per * left] if k == 0 else w[per * left + 4] + (r - k - 1) % p * blk,
                        at + (r - k - 1) % p * blk)] for k in range(p - 1)]
         own, mine = (src[r * blk:(r + 1) * blk] if op == "all_to_all" else src), y[r * blk:(r + 1) * blk]
-        k = 2
+        k = 1
+
+        def sync() -> None:
+            nonlocal k
+            k += 1
+            meet(r, k)
 
         def call() -> None:
-            nonlocal k
             mine[...] = own
             for step in steps:
                 for pid, remote, local in step:
                     if cma.read(pid, remote, local, blk) is not None:
                         raise OSError("process_vm_readv failed")
-                k += 1
-                meet(r, k)
+                sync()
 
-        for _ in range(max(2, it // 10)):
-            call()
-        best = float("inf")
-        for _ in range(nb):
-            k += 1
-            meet(r, k)
-            t0 = time.perf_counter()
-            for _ in range(it // nb):
-                call()
-            best = min(best, (time.perf_counter() - t0) / (it // nb))
-        return best
+        return _fastest_batch(call, it, sync)[0]
 
     children = []
     for r in range(1, p):
@@ -394,6 +389,7 @@ def main() -> None:
         mpis, mds, floors = _median_runs(p, repeats)
         load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(f"\n{p} ranks{'' if mpis else ' (no MPICH numbers)'}; load average {load0:.1f} before, {load1:.1f} after")
+        against = {op: _against_floor(op, mds, mpis, floors) for op in COPIED}
         print(f"{'op':11} {'size':>6} {'minidist':>11} {'MPICH':>11} {'ratio':>7} {'(range)':>13} {'md cpu/rank':>12}"
               "   (ratio = minidist / MPICH)")
         for op in OPS:
@@ -410,9 +406,8 @@ def main() -> None:
                     verdicts.append((f"{p} ranks {_fmt_size(n)} all_reduce within 3x of MPICH", r <= 3.0, r))
                 if r is not None and n == SIZES[-1]:
                     verdicts.append((f"{p} ranks {_fmt_size(n)} {op} at least as fast as MPICH", r <= 1.0, r,
-                                     _against_floor(op, mds, mpis, floors)))
-        for op in COPIED:
-            text = _against_floor(op, mds, mpis, floors)
+                                     against.get(op, "")))
+        for op, text in against.items():
             if text:
                 print(f"  {_fmt_size(SIZES[-1])} {op}: {text}")
         for alg in ("ring", "halving_doubling"):
