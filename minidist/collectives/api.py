@@ -21,6 +21,7 @@ import numpy as np
 from minidist.collectives import ALGORITHMS, choose
 from minidist.collectives.comm import Comm, _Cursor, pieces
 from minidist.collectives.native import NATIVE
+from minidist.runtime import context
 from minidist.runtime.context import current
 from minidist.runtime.errors import MismatchError
 from minidist.runtime.groups import ProcessGroup
@@ -38,13 +39,14 @@ def _arr(t, op: str, writable: bool = True) -> np.ndarray:
 
 def _contiguous(arr: np.ndarray) -> np.ndarray:
     """``arr`` as a flat C-contiguous array (a view when it already is one; np.require costs more)."""
-    return (arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)).reshape(-1)
+    flat = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+    return flat if flat.ndim == 1 else flat.reshape(-1)
 
 
 def _flat(arr: np.ndarray):
     """(flat C-contiguous buffer, write-back function or None) for working on ``arr`` in place."""
     if arr.flags.c_contiguous:
-        return arr.reshape(-1), None
+        return (arr if arr.ndim == 1 else arr.reshape(-1)), None
     tmp = arr.copy(order="C")
 
     def back():
@@ -121,14 +123,8 @@ class _Plan:
     __slots__ = ("cluster", "group", "comm", "fn", "sig", "talks", "agree")
 
 
-def _plan(ctx, coll: str, name: str, group, algorithm, nbytes: int, detail) -> _Plan:
-    key = (coll, name, group, algorithm, nbytes, detail)
-    try:
-        plan = ctx.plans.get(key)
-    except TypeError:  # an unhashable group: the checks below name it
-        plan = key = None
-    if plan is not None and plan.cluster is ctx.cluster:
-        return plan
+def _plan(ctx, key: tuple | None, coll: str, name: str, group, algorithm, nbytes: int, detail) -> _Plan:
+    """The plan of a call this rank meets for the first time (remembered under ``key``, unless None)."""
     g = ctx.world if group is None else group
     if not isinstance(g, ProcessGroup):
         raise TypeError(f"{name}: group must be a ProcessGroup (from new_group or a mesh), got {type(g).__name__}")
@@ -154,14 +150,20 @@ def _plan(ctx, coll: str, name: str, group, algorithm, nbytes: int, detail) -> _
     return plan
 
 
-def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: bool, body, after=None):
-    """Common driver: membership, algorithm choice, signature, clock, Work.
+def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: bool, args: tuple, after=None):
+    """Common driver: membership, algorithm choice, signature, clock, Work; runs the algorithm on ``args``.
 
     ``detail`` describes the arguments in the signature: a string, or (formatter, *args) to format only
     the first time this rank makes that call.
     """
-    ctx = current("md.dist." + name)
-    plan = _plan(ctx, coll, name, group, algorithm, nbytes, detail)
+    ctx = context._current or current("md.dist." + name)  # current() only to say what is missing
+    key = (coll, name, group, algorithm, nbytes, detail)
+    try:
+        plan = ctx.plans.get(key)
+    except TypeError:  # an unhashable group: _plan's checks name it
+        plan = key = None
+    if plan is None or plan.cluster is not ctx.cluster:
+        plan = _plan(ctx, key, coll, name, group, algorithm, nbytes, detail)
     tp, clock = ctx.transport, ctx.clock
     start = clock.begin_comm()
     c = plan.comm
@@ -172,11 +174,11 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
         if plan.talks:
             seq = ctx.next_seq(g)
             tp.publish(g.ranks, g.key, seq, sig, wake=plan.agree)  # only peers in agree() sleep on it
-            body(c, plan.fn)
+            plan.fn(c, *args)
             if plan.agree:
                 tp.agree(g.ranks, g.key, seq, sig, name)
         else:
-            body(c, plan.fn)
+            plan.fn(c, *args)
     except MismatchError as e:  # the call is broken on every rank: make sure they all hear why
         tp.board.abort(str(e), mismatch=True)
         tp.ring_all()
@@ -219,7 +221,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: s
     flat, back = _flat(arr)
     return _run("broadcast", "broadcast", group, algorithm, arr.nbytes,
                 (_with, arr.shape, arr.dtype, "src", src), async_op,
-                lambda c, fn: fn(c, flat, root), back)
+                (flat, root), back)
 
 
 def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
@@ -244,19 +246,20 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False
 
     return _run("reduce", "reduce", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, dst={dst}, op={op.name}", async_op,
-                lambda c, fn: fn(c, flat, root, _base(op)), after)
+                (flat, root, _base(op)), after)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
     """Combine ``tensor`` over the ranks of ``group`` with ``op``; every rank gets the result in place."""
-    ok = type(tensor) is np.ndarray and tensor.flags.writeable and tensor.dtype.kind in "biufc"
+    flags = tensor.flags if type(tensor) is np.ndarray else None
+    ok = flags is not None and flags.writeable and tensor.dtype.kind in "biufc"
     arr = tensor if ok else _arr(tensor, "all_reduce")
     op = op if type(op) is ReduceOp else as_op(op)
     detail = (_with_op, arr.shape, arr.dtype, op)
-    if op is not _AVG and arr.flags.c_contiguous:  # the common case, with nothing to do afterwards
-        flat = arr.reshape(-1)
+    if op is not _AVG and (flags if ok else arr.flags).c_contiguous:  # the common case, nothing to do afterwards
+        flat = arr if arr.ndim == 1 else arr.reshape(-1)
         return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
-                    lambda c, fn: fn(c, flat, op))
+                    (flat, op))
     _avg_ok(op, arr, "all_reduce")
     flat, back = _flat(arr)
     ctx = current("md.dist.all_reduce")
@@ -269,7 +272,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
             back()
 
     return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
-                lambda c, fn: fn(c, flat, _base(op)), after)
+                (flat, _base(op)), after)
 
 
 def _list_of(arrs, like: np.ndarray, name: str, what: str, size: int) -> list:
@@ -298,7 +301,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
                                                                        "scatter_list", g.size())]
     return _run("scatter", "scatter", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
-                lambda c, fn: fn(c, flat, chunks, root), back)
+                (flat, chunks, root), back)
 
 
 def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False,
@@ -319,7 +322,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
                 backs.append(b)
     return _run("gather", "gather", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, dst={dst}", async_op,
-                lambda c, fn: fn(c, inp, chunks, root), lambda: [b() for b in backs])
+                (inp, chunks, root), lambda: [b() for b in backs])
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
@@ -335,7 +338,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
             backs.append(b)
     inp = _contiguous(arr)
     return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, (_describe, arr.shape, arr.dtype), async_op,
-                lambda c, fn: fn(c, outs, inp), lambda: [b() for b in backs])
+                (outs, inp), lambda: [b() for b in backs])
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
@@ -346,8 +349,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     ctx = current("md.dist.all_gather_into_tensor")
     p = (ctx.world if group is None else group).size()
     ok_shape = inp.ndim > 0 and out.shape == (p * inp.shape[0],) + inp.shape[1:]
-    ok_stacked = out.shape == (p,) + inp.shape
-    if out.dtype != inp.dtype or not (ok_shape or ok_stacked):
+    if out.dtype != inp.dtype or not (ok_shape or out.shape == (p,) + inp.shape):
         want = (p * inp.shape[0],) + inp.shape[1:] if inp.ndim else (p,)
         raise ValueError(f"all_gather_into_tensor: output has {_describe(out.shape, out.dtype)} but {p} ranks "
                          f"with input {_describe(inp.shape, inp.dtype)} need shape {want}")
@@ -355,7 +357,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     outs = pieces(flat, (flat.size // p,) * p)
     src = _contiguous(inp)
     return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
-                (_describe, inp.shape, inp.dtype), async_op, lambda c, fn: fn(c, outs, src), back)
+                (_describe, inp.shape, inp.dtype), async_op, (outs, src), back)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -385,7 +387,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
     return _run("reduce_scatter", "reduce_scatter_tensor", group, algorithm, out.nbytes,
                 (_with_op, out.shape, out.dtype, op, "output "), async_op,
-                lambda c, fn: fn(c, flat, ins, _base(op)), after)
+                (flat, ins, _base(op)), after)
 
 
 def _splits(splits, rows: int, p: int, name: str, what: str) -> list[int]:
@@ -416,13 +418,13 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     row = math.prod(inp.shape[1:])
     src = _contiguous(inp)
     flat, back = _flat(out)
-    ins = pieces(src, tuple(s * row for s in ins_sz))
-    outs = pieces(flat, tuple(s * row for s in outs_sz))
+    ins = pieces(src, ins_sz if row == 1 else [s * row for s in ins_sz])
+    outs = pieces(flat, outs_sz if row == 1 else [s * row for s in outs_sz])
     return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
                 (_rows, inp.shape[1:], inp.dtype), async_op,
-                lambda c, fn: fn(c, outs, ins), back)
+                (outs, ins), back)
 
 
 def barrier(group=None, async_op: bool = False, algorithm: str | None = None):
     """Return once every rank of ``group`` has called barrier."""
-    return _run("barrier", "barrier", group, algorithm, 0, "", async_op, lambda c, fn: fn(c))
+    return _run("barrier", "barrier", group, algorithm, 0, "", async_op, ())

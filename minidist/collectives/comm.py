@@ -29,10 +29,12 @@ class Pieces(list):
 
 def pieces(flat: np.ndarray, sizes: Sequence[int]) -> Pieces:
     """Consecutive views of flat ``flat`` with the given sizes (np.split spends microseconds on small arrays)."""
-    starts = [0]
-    for n in sizes:
-        starts.append(starts[-1] + n)
-    out = Pieces(flat[a:b] for a, b in zip(starts[:-1], starts[1:]))
+    out, starts, a = Pieces(), [0], 0
+    for n in sizes:  # a plain loop: small collectives make these on every call, and it is the cheapest way
+        b = a + n
+        out.append(flat[a:b])
+        starts.append(b)
+        a = b
     out.whole, out.starts = flat, starts
     return out
 

@@ -107,16 +107,17 @@ def all_reduce_doubling(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
     k (alpha + n/beta), half the latency of Rabenseifner for k times the bytes; other p fold first,
     adding 2 (alpha + n/beta).
     """
-    def exchange(inner: Comm) -> None:
-        d = 1
-        while d < inner.size:
-            inner.sendrecv(buf, inner.rank ^ d, buf, inner.rank ^ d, op=op)  # ours leaves before theirs is added
-            d *= 2
-
     if c.size & (c.size - 1):
-        _folded(c, buf, op, exchange)
+        _folded(c, buf, op, lambda inner: _doubling(inner, buf, op))
     else:  # a power of two: nothing to fold (the common case, kept short for small buffers)
-        exchange(c)
+        _doubling(c, buf, op)
+
+
+def _doubling(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
+    d, r = 1, c.rank
+    while d < c.size:
+        c.sendrecv(buf, r ^ d, buf, r ^ d, op=op)  # ours leaves before theirs is added
+        d *= 2
 
 
 def _rotated(chunks: list[np.ndarray], start: int) -> np.ndarray:
