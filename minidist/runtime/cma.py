@@ -15,8 +15,10 @@ reads go through a 1 MB staging buffer placed half a page away from the source, 
 ``memmove`` (which steers clear of the aliasing) finishes the copy: 1.3 times a well-placed read
 instead of 4.5 times.
 
-The kernel allows it between processes of the same user unless a policy forbids it (Yama
-``ptrace_scope`` >= 1, seccomp, some containers). Each receiver therefore probes each sender once:
+The kernel allows it between processes of the same user unless a policy forbids it. Yama's
+``ptrace_scope`` 1 (Ubuntu's default) allows it only to ancestors, so each rank names the launcher as
+its ptracer, which lets the other ranks in (``rank_process.py``); ``ptrace_scope`` 2 or 3, seccomp
+(Docker's default profile) and some containers still forbid it. Each receiver therefore probes each sender once:
 it reads a known word from the sender's memory, and channels where that fails keep the two-copy
 path. ``MINIDIST_CMA=0`` turns the fast path off everywhere.
 """

@@ -64,6 +64,19 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _let_siblings_read(parent: int) -> None:
+    """Linux with Yama's ptrace_scope 1 (Ubuntu's default) lets a process read another's memory only if it is
+    an ancestor, so the ranks, which are siblings, could not use cross-memory attach (cma.py) and every large
+    message would take the two-copy path. Naming the launcher as our ptracer lets its descendants, the other
+    ranks, read us, and nobody else (MPI libraries do the same). Elsewhere the call fails and changes nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(parent), 0, 0, 0)  # PR_SET_PTRACER
+    except Exception:
+        pass
+
+
 class _Pipe:
     """A rank's messages to the launcher; a message asked for by a signal never cuts into another."""
 
@@ -98,6 +111,7 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
     """The body of rank ``rank``'s process (``fn`` is bytes when it travelled by value, under spawn)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tears us down
     _die_with_parent(parent)
+    _let_siblings_read(parent)  # before the transport publishes our pid: peers probe us only after that
     _limit_blas_threads()
     if isinstance(fn, bytes):  # spawned: the function and its arguments travel by value (pickling.py)
         fn, args, kwargs = pickling.loads(fn)
