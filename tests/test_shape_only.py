@@ -131,3 +131,26 @@ def test_a_405b_shaped_layer_costs_no_memory():
     dense = 6 * 8192 * (params - 128256 * 16384)  # the lookup table is not a matmul
     assert dense < flops < 2 * dense
     assert grown_mb < 1024, f"{grown_mb:.0f} MB"
+
+
+def test_live_shape_only_arrays_never_share_addresses_and_dead_ones_are_recycled():
+    """The address space shape-only arrays are cut from: numpy's view-or-copy answers must be those of separate
+    allocations, a range comes back only once its last view is gone, and it is then handed out again."""
+    import gc
+
+    a, b = empty((1000, 3), np.float32), empty((1000, 3), np.float32)
+    assert not np.may_share_memory(a, b)
+    assert np.may_share_memory(a[10:], a) and np.may_share_memory(a.T, a)
+    view, where = a[5:], a.__array_interface__["data"][0]
+    del a
+    gc.collect()
+    fresh = [empty((1000, 3), np.float32) for _ in range(64)]  # the view still holds a's range
+    assert all(f.__array_interface__["data"][0] != where for f in fresh)
+    assert not any(np.may_share_memory(f, view) or np.may_share_memory(f, b) for f in fresh)
+    del view, fresh
+    gc.collect()
+    again = [empty((1000, 3), np.float32) for _ in range(100)]
+    assert where in {x.__array_interface__["data"][0] for x in again}  # recycled, not mapped anew
+    for size in (0, 1, 4095, 4096, 4097, 3 << 20):  # each on its own range, whatever the size class
+        x, y = empty((size,), np.uint8), empty((size,), np.uint8)
+        assert x.shape == (size,) and (size == 0 or not np.may_share_memory(x, y))

@@ -15,9 +15,11 @@ ones. Not yet wired into the runtime: messages and collectives of ShapeArrays co
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,15 +51,64 @@ def _mapping(nbytes: int) -> mmap.mmap:
     return m
 
 
+class _AddressSpace:
+    """Address ranges for shape-only arrays: each live array has its own, none is ever backed by memory.
+
+    A mapping per array (``mmap``, then ``munmap`` when it dies) took a fifth of a shape-only 405B step, which
+    makes about 400,000 arrays. Ranges are cut instead from large unreserved mappings, one size class per power
+    of two, and handed to numpy as a ctypes array at the range's address. That object becomes the array's base,
+    kept alive by every view of it, so a weak reference to it says when the last view has gone and the range
+    may be handed out again. No two live arrays overlap, so numpy's view-or-copy answers (``may_share_memory``,
+    which the autograd charges by) are those of separate allocations.
+    """
+
+    SMALLEST, CHUNK = 12, 1 << 28  # a page; classes below 256 MB share mappings of that much address space
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[int]] = {}  # size class -> addresses free to hand out
+        self._lent: dict[int, tuple] = {}  # id(weak reference) -> (the reference, class, address)
+        self._maps: list[mmap.mmap] = []  # kept for the life of the process: the ranges are recycled, not unmapped
+
+    def take(self, nbytes: int):
+        """A writable buffer of ``nbytes`` at an address no live shape-only array uses."""
+        k = max(self.SMALLEST, (nbytes - 1).bit_length())
+        try:  # rank threads take and give back concurrently: pop and append are atomic, a test-then-pop is not
+            addr = self._free[k].pop()
+        except (KeyError, IndexError):
+            addr = self._grow(k)
+        buf = (ctypes.c_char * max(nbytes, 1)).from_address(addr)
+        ref = weakref.ref(buf, self._give_back)
+        self._lent[id(ref)] = (ref, k, addr)
+        return buf
+
+    def _give_back(self, ref) -> None:
+        _, k, addr = self._lent.pop(id(ref))
+        self._free[k].append(addr)
+
+    def _grow(self, k: int) -> int:
+        size = 1 << k
+        count = max(1, self.CHUNK >> k)
+        m = _mapping(size * count)
+        self._maps.append(m)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        self._free.setdefault(k, []).extend(range(base + size, base + size * count, size))
+        return base
+
+
+_SPACE = _AddressSpace()
+
+
 def empty(shape, dtype=np.float64, axes_order=None) -> ShapeArray:
     """A ShapeArray of ``shape``; ``axes_order`` (outermost first) lays it out like another array (default C)."""
     dtype, shape = np.dtype(dtype), tuple(map(int, shape))
+    buf = _SPACE.take(math.prod(shape) * dtype.itemsize)  # not np.prod: a 405B step makes ~400,000 of these
+    if axes_order is None:  # numpy's own C-order strides
+        return np.ndarray.__new__(ShapeArray, shape, dtype, buffer=buf)
     strides, step = [0] * len(shape), dtype.itemsize
-    for a in reversed(range(len(shape)) if axes_order is None else list(axes_order)):
+    for a in reversed(list(axes_order)):
         strides[a] = step
         step *= shape[a] if shape[a] > 1 else 1
-    n = math.prod(shape) * dtype.itemsize  # not np.prod: a 405B step makes ~400,000 of these
-    return np.ndarray.__new__(ShapeArray, shape, dtype, buffer=_mapping(n), strides=tuple(strides))
+    return np.ndarray.__new__(ShapeArray, shape, dtype, buffer=buf, strides=tuple(strides))
 
 
 def _axes_order(a: np.ndarray) -> list[int]:
