@@ -21,6 +21,7 @@ import numpy as np
 from minidist.autograd import cost as _cost
 from minidist.autograd.fused import needs_grad, record, rowdot, same_float
 from minidist.autograd.ops import TRANSCENDENTAL
+from minidist.autograd.shape_only import ShapeArray
 from minidist.autograd.tensor import Tensor, ones, unbroadcast
 
 
@@ -80,7 +81,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
     except ValueError:
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and k {kd.shape} "
                          f"cannot be broadcast") from None
-    if is_causal:
+    if is_causal and not isinstance(s, ShapeArray):  # shape-only scores have no values to mask (a 405B
+        # sequence's mask alone is 64 MB of booleans, which every rank thread would build at once)
         # a window masks scores, it does not skip them: the cost charged below stays that of dense attention
         np.copyto(s, -np.inf, where=_future(tq, tk) if window is None or window >= tq else
                   _outside_window(tq, tk, window))
