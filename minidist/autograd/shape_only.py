@@ -1,16 +1,16 @@
 """Shape-only arrays: shapes, dtypes and memory layouts without values (book ch. 27-28; the scale simulation).
 
-Property: the roofline prices an op from its shapes and dtypes alone (``cost.py``), never from its values,
-so a step's simulated time and memory can be obtained without computing a single number. A
-:class:`ShapeArray` is a numpy array whose bytes are never touched: it lives in its own anonymous,
-unreserved mapping (address space, not memory) with real strides, so numpy's own rules decide what is a view
-and what is a copy (a reshape after a transpose copies, a slice does not), which is what the autograd charges.
-Every ufunc and the numpy functions the model uses answer with a new ShapeArray of the right shape, dtype and
-layout at once; nothing is computed. What depends on values (an ``argsort``, a ``nonzero``) raises, naming
-the function: those steps need their data-dependent sizes given (MoE routing takes a token histogram).
+Property: the roofline prices an op from its shapes and dtypes alone (``cost.py``), never from its values, so a
+step's simulated time and memory can be obtained without computing a single number. A :class:`ShapeArray` is a
+numpy array whose bytes are never touched: it lives in its own range of unreserved mappings (address space, not
+memory: ``_AddressSpace``) with real strides, so numpy's own rules decide what is a view and what is a copy (a
+reshape after a transpose copies, a slice does not), which is what the autograd charges. Every ufunc and the numpy
+functions the model uses answer with a new ShapeArray of the right shape, dtype and layout at once; nothing is
+computed. What depends on values (an ``argsort``, a ``nonzero``) raises, naming the function: those steps need
+their data-dependent sizes given (MoE routing takes a token histogram).
 
 ``shape_only(model)`` turns a module's parameters into ShapeArrays; ``zeros_like_shape`` and ``empty`` make new
-ones. Not yet wired into the runtime: messages and collectives of ShapeArrays come next.
+ones. Messages and collectives of ShapeArrays carry no bytes (the in-process backend, ``inprocess_transport.py``).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ class _AddressSpace:
         self._free: dict[int, list[int]] = {}  # size class -> addresses free to hand out
         self._lent: dict[int, tuple] = {}  # id(weak reference) -> (the reference, class, address)
         self._maps: list[mmap.mmap] = []  # kept for the life of the process: the ranges are recycled, not unmapped
+        # one ctypes type per class (ctypes keeps every array type it makes, and sizes are many), up to the 128 TB
+        # of a process's address space
+        self._types = [ctypes.c_char * (1 << k) for k in range(48)]
 
     def take(self, nbytes: int):
         """A writable buffer of ``nbytes`` at an address no live shape-only array uses."""
@@ -76,7 +79,7 @@ class _AddressSpace:
             addr = self._free[k].pop()
         except (KeyError, IndexError):
             addr = self._grow(k)
-        buf = (ctypes.c_char * max(nbytes, 1)).from_address(addr)
+        buf = self._types[k].from_address(addr)  # the whole range: numpy uses what the shape needs
         ref = weakref.ref(buf, self._give_back)
         self._lent[id(ref)] = (ref, k, addr)
         return buf
