@@ -140,3 +140,35 @@ def test_a_stuck_cell_is_interrupted_and_the_run_goes_on(tmp_path):
     ran = run_notebook(path, timeout=3)
     assert displayed(ran)[0] is not None and "KeyboardInterrupt" in displayed(ran)[0]
     assert ran.cells[1].outputs[0]["text"] == "after\n"
+
+
+class _Client:
+    """Stands for an nbclient client whose first kernels die at start, as when another process takes a port."""
+
+    def __init__(self, deaths: int, error: str = "Kernel died before replying to kernel_info") -> None:
+        self.deaths, self.error, self.starts, self.km = deaths, error, 0, None
+
+    def create_kernel_manager(self):
+        self.km = object()
+        return self.km
+
+    def start_new_kernel(self, env):
+        self.starts += 1
+
+    def start_new_kernel_client(self):
+        if self.starts <= self.deaths:
+            self.km = None  # nbclient shuts a kernel that did not answer down and forgets it
+            raise RuntimeError(self.error)
+
+
+def test_a_kernel_that_dies_at_start_is_started_again_with_fresh_ports():
+    from minidist.labs.execute import KERNEL_STARTS, start_kernel, stop_kernel
+
+    ok = _Client(deaths=KERNEL_STARTS - 1)
+    start_kernel(ok, {})
+    assert ok.starts == KERNEL_STARTS and ok.km is not None
+    for client, tries in ((_Client(deaths=KERNEL_STARTS), KERNEL_STARTS), (_Client(deaths=1, error="bad spec"), 1)):
+        with pytest.raises(RuntimeError):  # dying every time, or any other failure (not retried), is not hidden
+            start_kernel(client, {})
+        assert client.starts == tries
+        stop_kernel(client)  # nothing left to stop: no error either

@@ -18,6 +18,8 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from minidist.labs.execute import start_kernel, stop_kernel  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 LABS = sorted((ROOT / "labs").glob("*.ipynb"))
 STUB = "# your code here"
@@ -30,10 +32,8 @@ def first_error(path: Path) -> tuple[int, dict] | None:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False,
                                      resources={"metadata": {"path": str(ROOT)}})
-    client.km = client.create_kernel_manager()
     try:
-        client.start_new_kernel(env=env)
-        client.start_new_kernel_client()
+        start_kernel(client, env)
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
@@ -44,7 +44,7 @@ def first_error(path: Path) -> tuple[int, dict] | None:
                 return i, errs[0] if errs else {"ename": "?", "evalue": "no error output"}
         return None
     finally:
-        client._cleanup_kernel()
+        stop_kernel(client)
 
 
 def _lab_param(p: Path):

@@ -123,7 +123,7 @@ def _like(inputs, shape) -> list[int] | None:
     """numpy's "K" order: an output laid out like the first input of its shape (default C order)."""
     for x in inputs:
         if isinstance(x, np.ndarray) and x.shape == shape and x.ndim > 1:
-            return _axes_order(x)
+            return None if x.flags.c_contiguous else _axes_order(x)  # C order is the default: no sort needed
     return None
 
 
@@ -173,8 +173,12 @@ def _dtype(x) -> np.dtype:
 
 
 def _advanced(idx) -> bool:
-    items = idx if isinstance(idx, tuple) else (idx,)
-    return any(isinstance(i, (list, np.ndarray)) for i in items)
+    if not isinstance(idx, tuple):
+        return isinstance(idx, (list, np.ndarray))
+    for i in idx:  # a loop, not any() over a generator: every slice of a shape-only array asks
+        if isinstance(i, (list, np.ndarray)):
+            return True
+    return False
 
 
 def _gufunc_shape(ufunc, inputs) -> tuple:

@@ -28,6 +28,33 @@ def course_env() -> dict[str, str]:
     return env
 
 
+KERNEL_STARTS = 3
+
+
+def start_kernel(client, env: dict[str, str]) -> None:
+    """Start ``client``'s kernel and connect to it.
+
+    jupyter_client picks free TCP ports and the kernel binds them a moment later; a process that takes one of
+    them in between (likely while tests start kernels side by side) makes the kernel die before it answers. Only
+    that failure is retried, with fresh ports, up to ``KERNEL_STARTS`` times.
+    """
+    for attempt in range(KERNEL_STARTS):
+        client.km = client.create_kernel_manager()
+        try:
+            client.start_new_kernel(env=env)
+            client.start_new_kernel_client()  # on failure it has already shut the kernel down
+            return
+        except RuntimeError as e:
+            if "died before replying" not in str(e) or attempt == KERNEL_STARTS - 1:
+                raise
+
+
+def stop_kernel(client) -> None:
+    """Shut ``client``'s kernel down, if one is still there."""
+    if client.km is not None:
+        client._cleanup_kernel()
+
+
 def run_notebook(path: Path, timeout: float = CELL_TIMEOUT_S):
     """Execute every code cell of ``path`` in a new kernel; return the executed ``nbformat`` notebook.
 
@@ -47,17 +74,15 @@ def run_notebook(path: Path, timeout: float = CELL_TIMEOUT_S):
                                      record_timing=False, interrupt_on_timeout=True,
                                      extra_arguments=["--IPKernelApp.log_level=ERROR"],
                                      resources={"metadata": {"path": str(path.resolve().parent)}})
-    client.km = client.create_kernel_manager()
     for cell in nb.cells:
         cell.metadata.pop("execution", None)  # timestamps of an earlier run: noise in a diff
     try:
-        client.start_new_kernel(env=course_env())
-        client.start_new_kernel_client()
+        start_kernel(client, course_env())
         for i, cell in enumerate(nb.cells):
             if cell.cell_type == "code":
                 client.execute_cell(cell, i)
     finally:
-        client._cleanup_kernel()
+        stop_kernel(client)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = _coalesce_streams(cell.outputs)

@@ -221,15 +221,15 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
     except Exception as e:
         raise TypeError(f"launch: fn and its arguments must be picklable to run under MPI: {type(e).__name__}: {e}") \
             from e
+    proc = live = None
     folder = tempfile.mkdtemp(prefix=f"minidist-mpi-{os.getpid()}-")  # whose job it is, for whoever finds it
-    live = LiveView(world_size, quiet)
-    job = _Job(world_size, folder, live)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               MINIDIST_MPI_LAUNCHER=str(os.getpid()))
-    cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, "-m", "minidist.runtime.mpi_worker", folder]
-    proc = None
-    t0 = time.monotonic()
-    try:
+    try:  # at once: a Ctrl-C before the try would leave the folder behind
+        live = LiveView(world_size, quiet)
+        job = _Job(world_size, folder, live)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   MINIDIST_MPI_LAUNCHER=str(os.getpid()))
+        cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, "-m", "minidist.runtime.mpi_worker", folder]
+        t0 = time.monotonic()
         with open(os.path.join(folder, "payload"), "wb") as f:
             f.write(payload)
         log = open(os.path.join(folder, "mpiexec.log"), "wb")
@@ -258,7 +258,8 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
         if proc is not None:
             _stop(proc, folder)
         shutil.rmtree(folder, ignore_errors=True)
-        live.close({})
+        if live is not None:
+            live.close({})
         raise
     try:
         log_text = Path(folder, "mpiexec.log").read_text(errors="replace")
