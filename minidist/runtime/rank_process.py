@@ -48,18 +48,23 @@ def _limit_blas_threads() -> None:
                 break
 
 
+def _prctl(option: int, arg: int) -> None:
+    """Linux's prctl(option, arg); where it does not exist or refuses, nothing happens."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(option, ctypes.c_ulong(arg), 0, 0, 0)
+    except Exception:
+        pass
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux: the kernel kills this rank if the parent dies (no orphans after a SIGKILL).
 
     A parent that died before the request was made is not covered by it: then we are already
     somebody else's child, and leave at once.
     """
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
 
@@ -69,12 +74,7 @@ def _let_siblings_read(parent: int) -> None:
     an ancestor, so the ranks, which are siblings, could not use cross-memory attach (cma.py) and every large
     message would take the two-copy path. Naming the launcher as our ptracer lets its descendants, the other
     ranks, read us, and nobody else (MPI libraries do the same). Elsewhere the call fails and changes nothing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(parent), 0, 0, 0)  # PR_SET_PTRACER
-    except Exception:
-        pass
+    _prctl(0x59616D61, parent)  # PR_SET_PTRACER
 
 
 class _Pipe:

@@ -223,15 +223,6 @@ class _Discard(_Stash):
 
 _DTYPES: dict[bytes, np.dtype] = {}  # header dtype field -> dtype
 _WIRE: dict[bytes, bytes] = {}
-_PADDED: dict[np.dtype, bytes] = {}
-
-
-def _padded_dtype(dtype: np.dtype) -> bytes:
-    """The dtype as a header's 16-byte field reads back."""
-    got = _PADDED.get(dtype)
-    if got is None:
-        got = _PADDED[dtype] = dtype.str.encode().ljust(16, b"\0")
-    return got
 
 
 _HEAD = struct.Struct("<qqddq")  # HEADER's first fields (tag, size, start, arrival, number): all that varies
