@@ -64,7 +64,7 @@ test: $(STAMP) lint labs-check
 	$(SERIAL) $(BIN)/python -m pytest -q $(PAR) -m "not slow" --ignore=tests/browser tests
 	@if ls solutions/*.ipynb >/dev/null 2>&1; then \
 	  $(SERIAL) $(BIN)/python -m pytest -q $(PAR) $(if $(PAR),--dist loadscope) --nbval --nbval-current-env \
-	    -p tests.nb_timing solutions/; \
+	    -p tests.nb_timing -p tests.nb_kernels solutions/; \
 	else echo "(no solution notebooks yet)"; fi
 
 test-fast: $(STAMP)
@@ -77,7 +77,7 @@ PORTABILITY := "OPENBLAS_CORETYPE=Haswell" "OPENBLAS_CORETYPE=Zen" "OPENBLAS_COR
   "OPENBLAS_CORETYPE=Sandybridge NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL,X86_V3"
 test-portability: $(STAMP)
 	@status=0; for setting in $(PORTABILITY); do echo "== $$setting"; \
-	  out=$$(env $(SERIAL) $$setting $(BIN)/python -m pytest -q --nbval --nbval-current-env solutions/ 2>&1) \
+	  out=$$(env $(SERIAL) $$setting $(BIN)/python -m pytest -q --nbval --nbval-current-env -p tests.nb_kernels solutions/ 2>&1) \
 	    || status=1; echo "$$out" | grep -E "^FAILED|passed|failed"; done; exit $$status
 
 bench: $(STAMP)

@@ -172,3 +172,34 @@ def test_a_kernel_that_dies_at_start_is_started_again_with_fresh_ports():
             start_kernel(client, {})
         assert client.starts == tries
         stop_kernel(client)  # nothing left to stop: no error either
+
+
+def test_nbvals_kernels_are_started_again_when_they_die_at_start(monkeypatch):
+    import nbval.kernel
+
+    from minidist.labs.execute import KERNEL_STARTS
+    from tests import nb_kernels
+
+    assert nbval.kernel.start_new_kernel is nb_kernels.start_new_kernel  # what RunningKernel calls
+
+    def dying(deaths: int, error: str = "Kernel died before replying to kernel_info"):
+        calls = []
+
+        def start(*args, **kwargs):
+            calls.append(kwargs)
+            if len(calls) <= deaths:
+                raise RuntimeError(error)
+            return "km", "kc"
+        return start, calls
+
+    start, calls = dying(KERNEL_STARTS - 1)
+    monkeypatch.setattr(nb_kernels, "_nbval_start", start)
+    assert nb_kernels.start_new_kernel(kernel_name="python3") == ("km", "kc")
+    assert len(calls) == KERNEL_STARTS and all(c == {"kernel_name": "python3"} for c in calls)
+    for deaths, error, tries in ((KERNEL_STARTS, "Kernel died before replying to kernel_info", KERNEL_STARTS),
+                                 (1, "no such kernel", 1)):
+        start, calls = dying(deaths, error)
+        monkeypatch.setattr(nb_kernels, "_nbval_start", start)
+        with pytest.raises(RuntimeError, match=error):  # dying every time, or another failure, is not hidden
+            nb_kernels.start_new_kernel()
+        assert len(calls) == tries
