@@ -82,6 +82,16 @@ def test_prediction_equals_simulation():
     assert not bad, f"prediction differs from the simulator: {bad}"
 
 
+def test_a_pipeline_split_across_two_nodes_pays_the_network_between_them():
+    # 16 ranks on nodes of 8: pp is the outermost axis, so its two stages sit on different nodes
+    pc = ParallelConfig(tp=2, cp=2, pp=2, dp=2, zero_stage=1, schedule="interleaved", virtual_stages=2,
+                        microbatches=4)
+    run = md.parallel.train(CFG, pc, steps=2, global_batch=8)
+    pred = predict_train(CFG, pc, 8)
+    assert pred.step_time == pytest.approx(run.time[-1], rel=1e-9)
+    assert pred.memory["total"] == pytest.approx(max(run.peak_memory), rel=1e-9)
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_op_list_is_the_autograd_charge_list(tp):
     """The compute ops of one micro-batch, in order, with the FLOPs and bytes the autograd charges."""

@@ -335,10 +335,9 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
                                           e)
             peak_acts[0] = held[0] + stages[0].rebuilt_after_frees
         else:
-            link = cluster.intra_link  # neighbouring stages; the mesh keeps worlds of <= 8 in one node
-            hop = link.alpha + x.t * x.h * e / link.beta
+            hops = _stage_hops(parallel, cluster, x.t * x.h * e)
             orders = stage_orders(parallel.schedule, pp, m, v)
-            _walk(ranks, orders, stages, hop, run, peak_acts, held)
+            _walk(ranks, orders, stages, hops, run, peak_acts, held)
             for r, st in enumerate(ranks):
                 if shards > 1:
                     reduce(st, buckets[r])
@@ -419,7 +418,22 @@ def _moe_step(st, stage, m, dense_buckets, expert_buckets, run, cost, e) -> None
             st.wait(max(ends), "dp")
 
 
-def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, peak_acts, held) -> None:
+def _stage_hops(parallel, cluster: Cluster, nbytes: float) -> list[list[float]]:
+    """Seconds of one activation message between pipeline ranks ``[a][b]``: over the node's links, or the
+    network's where the two stages sit on different nodes (pp is the mesh's outermost axis, so a world of more
+    than one node splits the pipeline first). Every pipeline group has the same pattern; rank 0's is taken."""
+    stride = int(np.prod([getattr(parallel, a) for a in AXES[1:]]))
+    node = [s * stride // cluster.gpus_per_node for s in range(parallel.pp)]
+
+    def hop(a: int, b: int) -> float:
+        link = cluster.intra_link if node[a] == node[b] else cluster.inter_link
+        return link.alpha + nbytes / link.beta
+
+    return [[hop(a, b) for b in range(parallel.pp)] for a in range(parallel.pp)]
+
+
+def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hops: list[list[float]], run, peak_acts,
+          held) -> None:
     """Every pipeline rank runs its passes in its schedule's order, as ``PipelineExecutor`` does: a receive
     right before a pass whose input is on another rank (blocking), a send right after one whose output
     another rank needs (asynchronous, waited for at the end of the step)."""
@@ -452,7 +466,7 @@ def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hop: float, run, 
                     live[r] -= held[vs]
                 dst = vs + 1 if op == "F" else vs - 1
                 if 0 <= dst < nvs and dst % p != r:
-                    t = st.send(("pp", dst % p), hop)
+                    t = st.send(("pp", dst % p), hops[r][dst % p])
                     arrived[(op, mb, vs)] = t
                     sends[r].append(t)
                 pos[r] += 1
