@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -37,10 +38,23 @@ def test_a_consistent_design_passes(capsys):
     (dict(deadline_days=20), "past the deadline"),
     (dict(layout=md.estimate.Layout(tp=1, pp=2, dp=2048, zero_stage=0)), "usable"),
     (dict(layout=md.estimate.Layout(tp=1, dp=4096)), "cannot price"),
+    (dict(usd_per_gpu_hour=2.0), "costs 4 USD"),
+    (dict(mtbf_s=md.labs.capstone_checks.GPU_MTBF_S), "one GPU's MTBF"),
+    (dict(mtbf_s=45_000.0 / 3600), "in hours"),
+    (dict(mtbf_s=4_500.0), "4,096 times as often"),
+    (dict(checkpoint_seconds=600.0, checkpoint_interval_s=500.0), "no time to train"),
 ])
 def test_each_inconsistency_is_named(changes, message):
     with pytest.raises(CheckFailed, match=message):
         md.labs.check_design(_design(**changes))
+
+
+def test_the_brief_is_taken_as_given():
+    brief = dict(model="llama3_70b", tokens=15e12, cluster="dgx-h100", budget_usd=25e6, deadline_days=60)
+    md.labs.check_design(_design(), brief)
+    for field, value in (("tokens", 1.5e12), ("budget_usd", 1e9), ("deadline_days", 90)):
+        with pytest.raises(CheckFailed, match=f"{field} .*, but the brief says"):
+            md.labs.check_design(_design(**{field: value}), brief)
 
 
 def test_every_disagreement_is_reported_at_once():
@@ -53,5 +67,7 @@ def test_gpus_for_explains_the_usual_mistakes():
     md.labs.check_gpus_for(lambda f, p, u, d: f / (p * u * d * 86400))
     with pytest.raises(CheckFailed, match="not 3,600"):
         md.labs.check_gpus_for(lambda f, p, u, d: f / (p * u * d * 3600))
+    with pytest.raises(CheckFailed, match="not rounded"):
+        md.labs.check_gpus_for(lambda f, p, u, d: math.ceil(f / (p * u * d * 86400)))
     with pytest.raises(CheckFailed, match="divide by the MFU"):
         md.labs.check_gpus_for(lambda f, p, u, d: f * u / (p * d * 86400))

@@ -47,6 +47,8 @@ def check_gpus_for(fn) -> None:
             return "days are 86,400 seconds each, not 3,600"
         if math.isclose(got, expected * args[2] ** 2):
             return "divide by the MFU: the GPUs deliver only that share of their peak"
+        if got == math.ceil(expected):
+            return "return the exact quotient, not rounded: the next cell rounds it up to whole nodes"
         return None
 
     check_cases("gpus_for", fn, cases, rel=1e-9, diagnose=diagnose)
@@ -56,13 +58,46 @@ def _off(got: float, want: float, rel: float) -> bool:
     return not math.isclose(got, want, rel_tol=rel)
 
 
-def check_design(d: Design) -> None:
-    """Every number of ``d`` recomputed from the ones it depends on; all disagreements reported at once."""
-    problems: list[str] = []
+# One H100's mean time between failures as Meta's LLaMA 3 405B run saw it: 419 unexpected interruptions in 54 days
+# on 16,384 GPUs (Dubey et al. 2024, section 3.3.4), about 50,000 hours.
+GPU_MTBF_S = 16_384 * 54 * 86400 / 419
+BRIEF_FIELDS = ("model", "cluster", "tokens", "budget_usd", "deadline_days")
+
+
+def _facts(d: Design, cl, brief: dict | None, gpu_mtbf_s: float) -> list[str]:
+    """What ``d`` must take as given (the brief, the cluster's price, the failure rate), not choose."""
+    problems = []
+    for field in BRIEF_FIELDS if brief else ():
+        if field in brief and getattr(d, field) != brief[field]:
+            problems.append(f"{field} {getattr(d, field)!r}, but the brief says {brief[field]!r}")
+    if _off(d.usd_per_gpu_hour, cl.usd_per_gpu_hour, 1e-6):
+        problems.append(f"usd_per_gpu_hour {d.usd_per_gpu_hour:g}, but a GPU-hour of {d.cluster} costs "
+                        f"{cl.usd_per_gpu_hour:g} USD (the cluster's price)")
+    want_mtbf = gpu_mtbf_s / d.gpus
+    if _off(d.mtbf_s, want_mtbf, 0.1):
+        hint = " (that is one GPU's MTBF)" if not _off(d.mtbf_s, gpu_mtbf_s, 0.1) else \
+            " (that is it in hours; the design's times are in seconds)" if not _off(d.mtbf_s, want_mtbf / 3600, 0.1) \
+            else ""
+        problems.append(f"mtbf_s {d.mtbf_s:.4g} s{hint}, but {d.gpus:,} GPUs that each fail every "
+                        f"{gpu_mtbf_s / 3600:,.0f} h fail {d.gpus:,} times as often as one")
+    if d.checkpoint_interval_s <= d.checkpoint_seconds:
+        problems.append(f"a checkpoint every {d.checkpoint_interval_s:.3g} s that stalls training "
+                        f"{d.checkpoint_seconds:.3g} s leaves no time to train")
+    return problems
+
+
+def check_design(d: Design, brief: dict | None = None, gpu_mtbf_s: float = GPU_MTBF_S) -> None:
+    """Every number of ``d`` recomputed from the ones it depends on; all disagreements reported at once.
+
+    What the design takes as given is checked too: the fields of ``brief`` (model, cluster, tokens, budget_usd,
+    deadline_days) when it is passed, the cluster's price, and the system MTBF, which is ``gpu_mtbf_s`` (one GPU's,
+    by default the one Meta's LLaMA 3 run implies) divided by the number of GPUs.
+    """
     try:
         mdl, cl = model(d.model), cluster(d.cluster)
     except ValueError as e:
         raise CheckFailed(f"design: {e}") from None
+    problems = _facts(d, cl, brief, gpu_mtbf_s)
     lay = d.layout
     if lay.gpus != d.gpus:
         problems.append(f"the layout uses tp x cp x pp x dp = {lay.gpus} GPUs, the design {d.gpus}")
