@@ -25,6 +25,17 @@ def test_bus_bandwidth_factors():
         md.labs.check_bus_bandwidth(lambda a, op, p: a * (p - 1) / p if op != "broadcast" else a)
 
 
+def test_robust_z_takes_either_form_of_the_score_and_needs_a_floor_under_the_mad():
+    def mad(x):
+        return np.median(np.abs(x - np.median(x)))
+
+    md.labs.check_robust_z(lambda x: 0.6745 * (x - np.median(x)) / max(mad(x), 1e-9 * abs(np.median(x))))
+    with pytest.raises(CheckFailed, match="estimates a standard deviation"):
+        md.labs.check_robust_z(lambda x: (x - np.median(x)) / max(mad(x), 1e-9))
+    with pytest.raises(CheckFailed, match="tiny floor"):
+        md.labs.check_robust_z(lambda x: (x - np.median(x)) / (1.4826 * mad(x)))
+
+
 def test_robust_z_refuses_the_plain_z_score():
     md.labs.check_robust_z(robust_z)
     with pytest.raises(CheckFailed, match="plain z-score"):
