@@ -62,10 +62,22 @@ def _redistribute(local, src, dst, free_copy=False):
         pieces = [np.empty_like(local) for _ in range(p)]
         md.dist.all_gather(pieces, local)  # needless traffic
         return np.array_split(local, p, axis=int(dst[1]))[r].copy()
+    if src[0] == "S" and dst[0] == "S" and free_copy:
+        return _swap_by_all_to_all(local, int(src[1]), int(dst[1]))
     pieces = [np.empty_like(local) for _ in range(p)]
     md.dist.all_gather(pieces, np.ascontiguousarray(local))
     full = np.concatenate(pieces, axis=int(src[1]))
     return full if dst == "R" else np.array_split(full, p, axis=int(dst[1]))[r].copy()
+
+
+def _swap_by_all_to_all(local, old, new):
+    # chunks flattened into one buffer in destination order; the check's tensor splits evenly
+    p = md.dist.get_world_size()
+    chunks = np.array_split(local, p, axis=new)
+    send = np.concatenate([c.reshape(-1) for c in chunks])
+    out = np.empty_like(send)
+    md.dist.all_to_all_single(out, send)
+    return np.concatenate([b.reshape(chunks[0].shape) for b in np.split(out, p)], axis=old)
 
 
 def test_redistribute_checks_the_pieces_and_that_replicate_to_shard_is_free():
@@ -82,6 +94,45 @@ def test_redistribute_checks_the_pieces_and_that_replicate_to_shard_is_free():
 
     with pytest.raises(CheckFailed, match="keeps columns"):
         md.labs.check_redistribute(rows_for_columns)
+
+
+def test_redistribute_rejects_shard_to_shard_by_all_gather():
+    def gather_then_slice(local, src, dst):  # right pieces, but every rank receives the whole tensor
+        return _redistribute(local, src, dst, free_copy=src == "R")
+
+    with pytest.raises(CheckFailed, match=r"S0 -> S1 on 2 ranks moved 1,536 bytes .* one all-to-all of this "
+                                          r"1,536-byte tensor moves 768"):
+        md.labs.check_redistribute(gather_then_slice)
+
+
+def test_redistribute_rejects_an_all_reduce_of_zero_padded_pieces():
+    def padded_sum(local, src, dst):
+        if src == "R" or (src[0] == "S" and dst[0] == "S"):
+            return _redistribute(local, src, dst, free_copy=True)
+        p, r, axis = md.dist.get_world_size(), md.dist.get_rank(), int(src[1])
+        shape = list(local.shape)
+        shape[axis] *= p
+        buf = np.zeros(shape)
+        index = [slice(None), slice(None)]
+        index[axis] = slice(r * local.shape[axis], (r + 1) * local.shape[axis])
+        buf[tuple(index)] = local
+        md.dist.all_reduce(buf)
+        return buf
+
+    with pytest.raises(CheckFailed, match="one all-gather of this 1,536-byte tensor"):
+        md.labs.check_redistribute(padded_sum)
+
+
+def test_redistribute_says_which_values_differ_when_the_shape_is_right():
+    def reversed_join(local, src, dst):
+        out = _redistribute(local, src, dst, free_copy=True)
+        if src[0] == "S" and dst[0] == "S":
+            parts = np.array_split(out, md.dist.get_world_size(), axis=int(src[1]))
+            return np.concatenate(parts[::-1], axis=int(src[1]))
+        return out
+
+    with pytest.raises(CheckFailed, match=r"right shape \(8, 12\), wrong values: row 0 is \[96\.5"):
+        md.labs.check_redistribute(reversed_join)
 
 
 def test_state_per_gpu_knows_what_each_axis_divides():

@@ -3,8 +3,9 @@
 The groups of a mesh axis are compared with numpy slices of ``arange(P).reshape(shape)`` and with the
 bijection theorem (each axis of size d_k gives P / d_k disjoint groups that cover every rank once). A
 redistribution between placements runs on simulated ranks and is judged on the tensor it produces
-and on the bytes it sends (a Replicate -> Shard step must send nothing). The 3D memory formula is
-checked against the book's worked examples of chapter 24.
+and on the bytes it sends (a Replicate -> Shard step must send nothing, the others no more than one
+all-gather or one all-to-all). The 3D memory formula is checked against the book's worked examples
+of chapter 24.
 """
 
 from __future__ import annotations
@@ -89,10 +90,21 @@ def _redistribute_body(fn, full, src, dst):
     return out, dist.now() - t0
 
 
+def _head(row: np.ndarray) -> str:
+    return np.array2string(row[:4], separator=", ")[:-1] + (", ...]" if row.size > 4 else "]")
+
+
+def _first_wrong_row(got: np.ndarray, want: np.ndarray) -> str:
+    i = int(np.flatnonzero((got != want).any(axis=1))[0])
+    return f"right shape {want.shape}, wrong values: row {i} is {_head(got[i])}, expected {_head(want[i])}"
+
+
 def check_redistribute(fn: Callable[[np.ndarray, str, str], np.ndarray]) -> None:
     """``fn(local, src, dst)`` on every rank: this rank's piece under placement ``dst`` ("R", "S0", "S1"), given
-    its piece under ``src``. Checked for the tensor each rank ends with and for the traffic (R -> S is free)."""
-    full = np.arange(48, dtype=np.float64).reshape(4, 12) + 0.5
+    its piece under ``src``. Checked for the tensor each rank ends with and for the traffic: R -> S is free, and
+    the bytes on the links may not clearly exceed one all-gather (S -> R) or one all-to-all (S0 <-> S1)."""
+    # large enough that a few bytes of shape metadata stay well inside the tolerance on the traffic
+    full = np.arange(192, dtype=np.float64).reshape(8, 24) + 0.5
     for src, dst in [("S0", "R"), ("S1", "R"), ("R", "S0"), ("R", "S1"), ("S0", "S1"), ("S1", "S0")]:
         for p in (2, 4):
             res = run_ranks("redistribute", _redistribute_body, p, args=(fn, full, src, dst), timeout=5.0)
@@ -100,15 +112,16 @@ def check_redistribute(fn: Callable[[np.ndarray, str, str], np.ndarray]) -> None
             for r, (got, _) in enumerate(res.values):
                 got = None if got is None else np.asarray(got)
                 if got is None or got.shape != want[r].shape or not np.array_equal(got, want[r]):
-                    shape = None if got is None else got.shape
                     hint = {"R": "Shard -> Replicate is an all-gather: every rank needs every piece",
                             "S0": "rank r keeps rows [r n/p, (r+1) n/p) of the full tensor",
                             "S1": "rank r keeps columns [r n/p, (r+1) n/p) of the full tensor"}[dst]
                     if src[0] == "S" and dst[0] == "S":
                         hint = ("one all-to-all: split your piece along the new dimension into p chunks, send chunk "
                                 "j to rank j, and join what arrives along the old dimension")
-                    fail(f"redistribute {src} -> {dst} on {p} ranks: rank {r} holds the wrong piece",
-                         f"shape {want[r].shape}", f"shape {shape}", hint)
+                    what = f"redistribute {src} -> {dst} on {p} ranks: rank {r} holds the wrong piece"
+                    if got is not None and got.shape == want[r].shape and got.ndim == 2:
+                        raise CheckFailed(f"{what}: {_first_wrong_row(got, want[r])}\n  hint: {hint}")
+                    fail(what, f"shape {want[r].shape}", f"shape {None if got is None else got.shape}", hint)
             spent = max(t for _, t in res.values)
             if src == "R" and spent > 0:
                 fail(f"redistribute R -> {dst} on {p} ranks communicated", "no communication (0 s)",
@@ -116,6 +129,23 @@ def check_redistribute(fn: Callable[[np.ndarray, str, str], np.ndarray]) -> None
             if src != "R" and spent == 0:
                 fail(f"redistribute {src} -> {dst} on {p} ranks sent nothing", "a collective", "no communication",
                      "a shard holds only part of the data: the other ranks' parts must travel")
+            if src == "R":
+                continue
+            # bytes, not time: at this size latency dominates, and an all-gather can finish as early as an all-to-all
+            moved = sum(e.nbytes for e in res.trace if e.stream == "link")
+            if dst == "R":
+                least, how = full.nbytes * (p - 1), "one all-gather"
+                hint = ("an all-gather sends each piece once to every other rank; a sum (all_reduce) of zero-padded "
+                        "copies moves about twice as much")
+            else:
+                least, how = full.nbytes * (p - 1) / p, "one all-to-all"
+                hint = ("each rank already holds its share of what it will keep: send the other ranks only the part "
+                        "of your piece that they own, not the whole piece to everyone")
+            if moved > 1.5 * least:
+                raise CheckFailed(
+                    f"redistribute {src} -> {dst} on {p} ranks moved {moved:,.0f} bytes over the links; {how} of "
+                    f"this {full.nbytes:,}-byte tensor moves {least:,.0f} ({moved / least:.1f}x as much)"
+                    f"\n  hint: {hint}")
     passed("redistribute: S -> R by all-gather, R -> S for free, S0 <-> S1 by one all-to-all (2 and 4 ranks)")
 
 
