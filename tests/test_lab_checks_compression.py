@@ -25,6 +25,14 @@ def test_stochastic_round_wants_unbiased_levels(capsys):
         md.labs.check_stochastic_round(lambda *a: (_ for _ in ()).throw(NotImplementedError))
 
 
+def test_stochastic_round_spots_level_indices():
+    # xi instead of xi / s: right for one level, a factor s too large beyond.
+    with pytest.raises(CheckFailed, match="divide by levels"):
+        md.labs.check_stochastic_round(lambda v, s, rng: _round(v, s, rng) * s)
+    with pytest.raises(CheckFailed, match="moved past its two neighbouring levels"):
+        md.labs.check_stochastic_round(lambda v, s, rng: np.minimum(_round(v, s, rng) + 1 / s, 1.0))
+
+
 def _topk(g, r, k):
     acc = g + r
     idx = np.argsort(np.abs(acc))[-k:]

@@ -46,6 +46,24 @@ def test_round_to_catches_ties_and_subnormals(capsys):
         md.labs.check_round_to(lambda *a: (_ for _ in ()).throw(NotImplementedError))
 
 
+def _spacing(x, m, emin):
+    return np.ldexp(1.0, np.maximum(np.frexp(x)[1] - 1, emin) - m)
+
+
+def test_round_to_ignores_the_sign_of_zero_and_hints_the_first_real_slip(capsys):
+    # Rounding the magnitude and putting the sign back turns -0.0 into +0.0: still right.
+    md.labs.check_round_to(lambda x, m, emin: np.sign(x) * np.round(np.abs(x) / _spacing(x, m, emin))
+                           * _spacing(x, m, emin))
+    md.labs.check_round_to(lambda x, m, emin: np.abs(_round(x, m, emin)) * np.where(x < 0, -1.0, 1.0))
+    assert capsys.readouterr().out.count("ok: round_to") == 2
+    with pytest.raises(CheckFailed, match="clamp the exponent") as flushed:
+        md.labs.check_round_to(lambda x, m, emin: np.where(np.abs(x) < 2.0**emin, 0.0, _round(x, m, emin)))
+    assert str(flushed.value).startswith("round_to(5.96")  # the smallest subnormal, not a zero
+    with pytest.raises(CheckFailed, match="halves to even") as half_up:
+        md.labs.check_round_to(lambda x, m, emin: np.floor(x / _spacing(x, m, emin) + 0.5) * _spacing(x, m, emin))
+    assert str(half_up.value).startswith("round_to(2.98")  # half the smallest subnormal: a real tie
+
+
 def _update(scale, inf, clean, n):
     if inf:
         return scale / 2, 0, False

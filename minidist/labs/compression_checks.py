@@ -11,8 +11,8 @@ from minidist.labs.check import CheckFailed, check_cases, fail, passed
 
 
 def check_stochastic_round(fn: Callable[[np.ndarray, int, np.random.Generator], np.ndarray]) -> None:
-    """``fn(v, levels, rng)`` for ``v`` in [0, 1]: each entry becomes one of the levels 0, 1/s, ..., 1, rounded
-    up with probability equal to its distance from the level below (so the mean is ``v``)."""
+    """``fn(v, levels, rng)`` for ``v`` in [0, 1]: each entry becomes the value of one of the levels 0, 1/s, ..., 1
+    (not its index), rounded up with probability equal to its distance from the level below (so the mean is ``v``)."""
     v = np.array([0.0, 0.1, 0.25, 0.5, 0.74, 0.999, 1.0])
     for s in (1, 4, 10):
         try:
@@ -26,6 +26,11 @@ def check_stochastic_round(fn: Callable[[np.ndarray, int, np.random.Generator], 
         if not on_levels:
             fail(f"stochastic_round(v, {s}, rng): values off the levels k/{s}", "multiples of 1/levels",
                  sorted(set(np.round(draws.ravel(), 4)))[:6], "scale v by levels, round, and scale back")
+        index = np.all((draws >= np.floor(v * s) - 1e-9) & (draws <= np.ceil(v * s) + 1e-9)) and draws.max() > 1
+        if index:  # xi in 0..s rather than xi / s: on the grid, but every value above 1 is off by the factor s
+            fail(f"stochastic_round(v, {s}, rng): values above 1", f"levels k/{s} in [0, 1]",
+                 [float(d) for d in sorted(set(np.round(draws.ravel(), 4)))[:6]],
+                 "these are the indices k of the levels: divide by levels to return the level's value")
         neighbours = np.all((draws >= np.floor(v * s) / s - 1e-12) & (draws <= np.ceil(v * s) / s + 1e-12))
         if not neighbours:
             fail(f"stochastic_round(v, {s}, rng): a value moved past its two neighbouring levels", "floor or ceil",

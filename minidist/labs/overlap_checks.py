@@ -1,4 +1,4 @@
-"""Checks for lab 22, overlap and architecture-aware efficiency (book chapters 30-31a): the time of a ring
+"""Checks for lab 22, overlap and architecture-aware efficiency (book chapters 31 and 31a): the time of a ring
 decomposed under its matmuls, against the simulated clock's rule."""
 
 from __future__ import annotations
