@@ -142,6 +142,23 @@ def test_a_stuck_cell_is_interrupted_and_the_run_goes_on(tmp_path):
     assert ran.cells[1].outputs[0]["text"] == "after\n"
 
 
+def test_a_finished_notebook_stops_its_kernel_without_interrupting_it(monkeypatch, tmp_path_factory):
+    # jupyter_client's shutdown interrupts first, and an idle kernel logs that as an ERROR on the terminal
+    from jupyter_client.manager import KernelManager
+
+    sent = []
+    interrupt = KernelManager._async_interrupt_kernel
+
+    async def spy(self):
+        sent.append(self)
+        await interrupt(self)
+
+    monkeypatch.setattr(KernelManager, "_async_interrupt_kernel", spy)
+    ran, errors = run_cells(tmp_path_factory, ["print('ran')"])
+    assert errors == [None] and ran.cells[0].outputs[0]["text"] == "ran\n"
+    assert sent == []
+
+
 class _Client:
     """Stands for an nbclient client whose first kernels die at start, as when another process takes a port."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 SERIAL_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -49,9 +50,27 @@ def start_kernel(client, env: dict[str, str]) -> None:
                 raise
 
 
-def stop_kernel(client) -> None:
-    """Shut ``client``'s kernel down, if one is still there."""
-    if client.km is not None:
+def stop_kernel(client, grace: float = 3.0) -> None:
+    """Shut ``client``'s kernel down, if one is still there.
+
+    jupyter_client's shutdown interrupts the kernel before asking it to stop, and an idle kernel that gets the
+    interrupt logs "KeyboardInterrupt caught in kernel" as an ERROR on the learner's terminal. So the kernel is
+    first asked alone, and given ``grace`` seconds to exit; only one that is still there is shut down that way.
+    """
+    if client.km is None:
+        return
+    kc = getattr(client, "kc", None)
+    try:
+        if kc is not None:
+            from nbclient.util import run_sync  # nbclient's manager is asynchronous
+
+            alive = run_sync(client.km.is_alive)
+            if alive():
+                kc.shutdown()
+                end = time.monotonic() + grace
+                while alive() and time.monotonic() < end:
+                    time.sleep(0.02)
+    finally:
         client._cleanup_kernel()
 
 
