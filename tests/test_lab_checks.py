@@ -35,6 +35,20 @@ def test_unfinished_exercise_is_named():
     _rejects(md.labs.check_matmul_intensity, todo, match="not done yet")
 
 
+def test_failure_messages_show_numpy_scalars_as_plain_numbers():
+    import numpy as np
+
+    from minidist.labs.check import check_cases, fail
+
+    with pytest.raises(CheckFailed) as e:
+        fail("mean", np.float64(0.5), (np.float32(0.25), np.int64(3)))
+    msg = str(e.value)
+    assert "expected: 0.5\n" in msg and "got:      (0.25, 3)" in msg and "np." not in msg
+    with pytest.raises(CheckFailed) as e:
+        check_cases("half", lambda x: x, [((np.float64(2.0),), 1.0, "halve it")])
+    assert "half(2.0,) is wrong" in str(e.value) and "np." not in str(e.value)
+
+
 def test_attainable_accepts_and_rejects():
     def good(peak, bw, i, net_bw=None, i_net=None):
         b = min(peak, bw * i)

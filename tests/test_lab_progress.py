@@ -62,3 +62,17 @@ def test_a_wrong_answer_fails_with_the_checks_message_and_the_rest_is_judged_alo
     assert code == 1
     assert lines[0].startswith("  [failed]") and "is wrong" in lines[0] and "factor of 2" in lines[0], lines[0]
     assert all(line.startswith("  [done]") for line in lines[1:]), lines
+
+
+def test_an_exercise_is_labelled_by_the_functions_the_learner_writes_not_the_helpers_beside_them():
+    from minidist.labs.progress import _label
+
+    cell = ("def bus_bandwidth(algbw: float, collective: str,\n"
+            "                  p: int) -> float:\n"
+            "    raise NotImplementedError  # your code here\n\n\n"
+            "def sweep():\n"
+            "    for n in (1, 2):\n"
+            "        pass\n\n\n"
+            "res = md.launch(sweep, 4)\n")
+    assert _label(cell, 2) == "bus_bandwidth"
+    assert _label("def helper():\n    return 1\n\n\nx = helper()  # your code here\n", 3) == "helper"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 
 class CheckFailed(AssertionError):
     """The learner's answer is wrong; the message says where and hints at why."""
@@ -22,8 +24,19 @@ class CheckFailed(AssertionError):
         return render_check_failure(self)
 
 
+def _plain(v):
+    """``v`` with numpy scalars made Python numbers, so a message reads ``0.5``, not ``np.float64(0.5)``."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if type(v) in (tuple, list):  # not a namedtuple, whose constructor takes fields, not an iterable
+        return type(v)(_plain(x) for x in v)
+    if isinstance(v, dict):
+        return {_plain(k): _plain(x) for k, x in v.items()}
+    return v
+
+
 def fail(what: str, expected, got, hint: str = "") -> None:
-    msg = f"{what}\n  expected: {expected!r}\n  got:      {got!r}"
+    msg = f"{what}\n  expected: {_plain(expected)!r}\n  got:      {_plain(got)!r}"
     if hint:
         msg += f"\n  hint: {hint}"
     raise CheckFailed(msg)
@@ -46,12 +59,12 @@ def check_cases(name: str, fn: Callable, cases: Iterable[tuple[tuple, float, str
         except NotImplementedError:
             raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
         except Exception as e:  # the learner's code crashed: show the input and the error, not our traceback
-            raise CheckFailed(f"{name}{args} raised {type(e).__name__}: {e}\n  hint: {hint}") from e
+            raise CheckFailed(f"{name}{_plain(args)} raised {type(e).__name__}: {e}\n  hint: {hint}") from e
         if got is None or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
-            fail(f"{name}{args}: expected a number", expected, got, "did you forget to `return` the value?")
+            fail(f"{name}{_plain(args)}: expected a number", expected, got, "did you forget to `return` the value?")
         if not close(got, expected, rel=rel):
             better = diagnose(args, expected, float(got)) if diagnose else None
-            fail(f"{name}{args} is wrong", expected, got, better or hint)
+            fail(f"{name}{_plain(args)} is wrong", expected, got, better or hint)
         n += 1
     passed(f"{name}: {n} cases")
 

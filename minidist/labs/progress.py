@@ -53,13 +53,31 @@ def _source(cell) -> str:
 
 def _label(source: str, number: int) -> str:
     names = re.findall(r"^def\s+(\w+)\s*\(", source, re.M)
-    if names:
-        return ", ".join(names)
+    # a cell may also define helpers the learner does not write: name only the functions holding a stub
+    with_stub = [name for name, body in _top_level_defs(source) if STUB in body]
+    if with_stub or names:
+        return ", ".join(with_stub or names)
     assigned = re.findall(r"^([A-Za-z_]\w*)\s*=", source, re.M)
     if assigned:
         return ", ".join(dict.fromkeys(assigned))
     checks = re.findall(r"check_(\w+)\s*\(", source)
     return ", ".join(dict.fromkeys(checks)) if checks else f"exercise {number}"
+
+
+def _top_level_defs(source: str) -> list[tuple[str, str]]:
+    """``(name, text)`` of each top-level function: from its ``def`` to the next line that starts at column 0 (a
+    wrapped signature's closing bracket aside)."""
+    lines = source.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        m = re.match(r"def\s+(\w+)\s*\(", line)
+        if not m:
+            continue
+        end = i + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t)"):
+            end += 1
+        found.append((m.group(1), "\n".join(lines[i:end])))
+    return found
 
 
 def exercises(pristine: dict) -> list[Exercise]:
