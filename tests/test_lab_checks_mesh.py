@@ -158,6 +158,16 @@ def test_axes_between_wants_every_axis_in_mesh_order():
         md.labs.check_axes_between(lambda a, b, shape, names: right(a, b, shape, names)[:1])
 
 
+def test_axes_between_wants_a_tuple_because_the_lab_uses_it_as_a_dict_key():
+    def right(a, b, shape, names):
+        return tuple(n for n, x, y in zip(names, np.unravel_index(a, shape), np.unravel_index(b, shape)) if x != y)
+
+    with pytest.raises(CheckFailed, match="return a tuple"):
+        md.labs.check_axes_between(lambda a, b, shape, names: list(right(a, b, shape, names)))
+    with pytest.raises(CheckFailed, match="unravel_index"):  # wrong values are reported before the type
+        md.labs.check_axes_between(lambda a, b, shape, names: list(right(a, b, shape, names)) + ["pp"])
+
+
 def test_params_per_gpu_knows_ep_splits_only_the_experts():
     md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: nd / (tp * pp) + ne / (tp * pp * ep))
     with pytest.raises(CheckFailed, match="dense weights are replicated over the ep ranks"):

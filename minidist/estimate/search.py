@@ -193,7 +193,8 @@ class Rule:
 
 RULES = (
     Rule("tp-in-node", "tensor parallelism stays inside a node (tp <= GPUs per node)"),
-    Rule("tp-before-pp", "grow tp to the node before adding pipeline stages (pp > 1 only with tp = GPUs per node)"),
+    Rule("tp-before-pp", "fill the node with tp and cp before adding pipeline stages "
+                         "(pp > 1 only with tp x cp >= min(GPUs per node, heads))"),
     Rule("no-pp-if-it-fits", "no pipeline when the model state, sharded by ZeRO-3 over all GPUs, leaves room"),
     Rule("enough-microbatches", "a pipeline gets at least 4 micro-batches per stage (bubble below 20%)"),
     Rule("zero1-with-pp", "with a pipeline, ZeRO-1 (gradients stay whole for accumulation)"),

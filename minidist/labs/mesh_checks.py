@@ -186,14 +186,19 @@ def check_axes_between(fn: Callable[[int, int, tuple, tuple], tuple]) -> None:
             got = fn(a, b, shape, names)
         except NotImplementedError:
             raise CheckFailed("axes_between: the exercise is not done yet (it raised NotImplementedError)") from None
-        got = None if got is None else tuple(got)
-        if got != want:
+        values = None if got is None else tuple(got)
+        if values != want:
             hint = "compare np.unravel_index(a, shape) with np.unravel_index(b, shape) axis by axis"
-            if got is not None and set(got) == set(want):
+            if values is not None and set(values) == set(want):
                 hint = "list the axes in mesh order (the order of names)"
-            elif want == () and got is None:
+            elif want == () and values is None:
                 hint = "a rank differs from itself on no axis: return an empty tuple"
             fail(f"axes_between({a}, {b}, {shape}, {names}) is wrong", want, got, hint)
+        if not isinstance(got, tuple):
+            # traffic() below keys a dict by this value, and a list there fails far from its cause
+            fail(f"axes_between({a}, {b}, {shape}, {names}) has the right axes in the wrong type", "a tuple",
+                 type(got).__name__, "return a tuple, e.g. tuple(...) around a list or generator: the result "
+                 "is used as a dict key, and a list cannot be one")
     passed(f"axes_between: {len(cases)} pairs of ranks on a (pp, dp, cp, tp) = (2, 2, 2, 2) mesh")
 
 
