@@ -93,5 +93,7 @@ def check_sandbox_mfu(value: float, n_params: int, tokens: int, seconds: float, 
         hint = "MFU = (6 Psi tokens / seconds) / peak: achieved model FLOP/s over the peak"
         if value is not None and math.isclose(float(value), want / 3, rel_tol=1e-9):
             hint = "count the backward pass too: 6 Psi per token, not 2 Psi"
+        elif value is not None and math.isclose(float(value), 100 * want, rel_tol=1e-9):
+            hint = "give MFU as a fraction of the peak (0.5 for 50%), not in percent"
         fail("sandbox MFU", want, value, hint)
     passed(f"sandbox MFU = {want:.1%}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from minidist.labs.check import check_cases, fail, passed
+from minidist.labs.check import CheckFailed, check_cases, fail, passed
 
 
 def check_matmul_intensity(fn: Callable[[int, int, int, int], float]) -> None:
@@ -58,17 +58,56 @@ def check_dp_network_intensity(fn: Callable[[float, float, int, int], float]) ->
               "book ch2 ex1: FLOPs/GPU = 6*Psi*B/P, bytes = 2*Psi*2; expect about 23,400"),
              ((7e9, 5e5, 64, 2), ref(7e9, 5e5, 64, 2), "halving the batch halves the intensity"),
              ((70e9, 4e6, 1024, 4), ref(70e9, 4e6, 1024, 4), "fp32 gradients: s = 4 bytes")]
-    check_cases("dp_network_intensity", fn, cases, rel=1e-9)
+    def diagnose(args, expected, got):
+        psi, b, p, s = args
+        if math.isclose(got, expected * p, rel_tol=1e-9):
+            return "each GPU computes only its B / P tokens: divide the FLOPs by P"
+        if math.isclose(got, expected / 3, rel_tol=1e-9):
+            return "training is 6 Psi FLOPs per token (2 forward, 4 backward), not 2 Psi"
+        if math.isclose(got, expected * p / (p - 1), rel_tol=1e-9):
+            return "use the large-P ring volume 2 Psi s per GPU, without the (P - 1) / P factor"
+        if math.isclose(got, expected * s, rel_tol=1e-9) or math.isclose(got, expected * 2, rel_tol=1e-9):
+            return "the ring all-reduce sends about 2 Psi s bytes per GPU: 2 x Psi parameters x s bytes each"
+        return None
+
+    check_cases("dp_network_intensity", fn, cases, rel=1e-9, diagnose=diagnose)
 
 
-def check_accumulation_steps(a, compute_ms: float, comm_ms: float) -> None:
-    """The smallest integer a with a * compute >= comm (then overlap hides the all-reduce)."""
+def _judge_accumulation(a, compute_ms: float, comm_ms: float, where: str = "") -> int:
     want = math.ceil(comm_ms / compute_ms)
-    if a is None or int(a) != a:
-        fail("accumulation steps must be a whole number", want, a, "you cannot run half a micro-batch")
+    if a is None or isinstance(a, bool) or not isinstance(a, (int, float)) and not hasattr(a, "__int__") \
+            or int(a) != a:
+        fail(f"accumulation steps{where} must be a whole number", want, a, "you cannot run half a micro-batch")
     if a < want:
-        fail("with that many micro-batches the all-reduce is still longer than the compute", want, a,
-             "with overlap the step takes max(a * compute, comm): you need a * compute >= comm")
+        hint = "with overlap the step takes max(a * compute, comm): you need a * compute >= comm"
+        if a == math.floor(comm_ms / compute_ms):
+            hint += ", so round comm / compute up (ceil), not down or to the nearest"
+        fail(f"with that many micro-batches{where} the all-reduce is still longer than the compute", want, a, hint)
     if a > want:
-        fail("that works, but it is not the smallest", want, a, "every extra micro-batch grows the batch further")
+        fail(f"that works{where}, but it is not the smallest", want, a,
+             "every extra micro-batch grows the batch further")
+    return want
+
+
+def check_accumulation_steps(a, compute_ms: float | None = None, comm_ms: float | None = None) -> None:
+    """The smallest integer a with a * compute >= comm (then overlap hides the all-reduce).
+
+    ``a`` is either a function ``a(compute_ms, comm_ms)``, judged on several cases (one exact ratio alone cannot
+    tell ceil from floor or round), or a number judged for the given ``compute_ms`` and ``comm_ms``.
+    """
+    if callable(a):
+        cases = [(100.0, 200.0), (100.0, 250.0), (40.0, 100.0), (120.0, 100.0), (100.0, 100.0), (30.0, 200.0)]
+        for compute, comm in cases:
+            try:
+                got = a(compute, comm)
+            except NotImplementedError:
+                raise CheckFailed("accumulation_steps: the exercise is not done yet "
+                                  "(it raised NotImplementedError)") from None
+            except Exception as e:
+                raise CheckFailed(f"accumulation_steps({compute:g}, {comm:g}) raised {type(e).__name__}: {e}") from e
+            _judge_accumulation(got, compute, comm, where=f" (compute {compute:g} ms, comm {comm:g} ms)")
+        passed(f"accumulation_steps: {len(cases)} cases; e.g. {math.ceil(250 / 100)} micro-batches of 100 ms hide "
+               "250 ms of comm")
+        return
+    want = _judge_accumulation(a, compute_ms, comm_ms)
     passed(f"accumulate {want} micro-batches: {want * compute_ms:.0f} ms of compute hides {comm_ms:.0f} ms of comm")
