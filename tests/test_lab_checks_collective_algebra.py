@@ -101,6 +101,25 @@ def test_all_reduce_rs_ag_rejects_with_rank_and_hint():
         md.labs.check_all_reduce_rs_ag(lambda x, op: (_ for _ in ()).throw(NotImplementedError))
 
 
+def rs_ag_gathers_whole_inputs(x, op):
+    """Right values, but it all-gathers every rank's whole (unreduced) input and reduces locally: p times the bytes."""
+    p = md.dist.get_world_size()
+    buf, c = _pad(x, p)
+    mine = np.empty(c, x.dtype)
+    md.dist.reduce_scatter_tensor(mine, buf.copy(), op=op)
+    everything = np.empty(buf.size * p, x.dtype)
+    md.dist.all_gather_into_tensor(everything, buf)
+    x[...] = op.ufunc.reduce(everything.reshape(p, -1), axis=0)[:x.size]
+
+
+def test_all_reduce_rs_ag_rejects_a_right_answer_that_moves_too_much(capsys):
+    with pytest.raises(CheckFailed, match=r"on 2 ranks gives the right values but moves too much data(.|\n)*"
+                                          r"all-gather only this rank's reduced block"):
+        md.labs.check_all_reduce_rs_ag(rs_ag_gathers_whole_inputs)
+    md.labs.check_all_reduce_rs_ag(rs_ag_good)  # the right one still passes the byte count
+    assert "ok: all_reduce_rs_ag" in capsys.readouterr().out
+
+
 def test_fp_prediction():
     md.labs.check_fp_prediction(1.0, 0.0)
     with pytest.raises(CheckFailed, match="rounds back to -1e20"):

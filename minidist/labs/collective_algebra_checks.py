@@ -117,6 +117,18 @@ def check_all_reduce_rs_ag(fn: Callable[[np.ndarray, ReduceOp], None], world_siz
                           context=f"for n={n}, op={op.name} on {p} ranks",
                           hint="rank i must end with the reduction over all ranks of every element; reduce-scatter "
                                "gives rank i block i of it, the all-gather must then share every block")
+        # right values are not enough: the two halves must move no more than a ring all-reduce would
+        itemsize = np.dtype(np.float32).itemsize
+        want_bytes = sum(2 * (p - 1) * -(-n // p) * itemsize for n, _ in cases)
+        sent = [sum(e.nbytes for e in res.trace.filter(rank=r, stream="link")) for r in range(p)]
+        worst = max(range(p), key=lambda r: sent[r])
+        if sent[worst] > want_bytes * (1 + 1e-9):
+            fail(f"all_reduce_rs_ag on {p} ranks gives the right values but moves too much data: rank {worst} sent "
+                 f"{sent[worst]:,.0f} bytes over the {len(cases)} cases",
+                 f"{want_bytes:,} bytes = 2 (p-1)/p of each padded buffer",
+                 f"{sent[worst]:,.0f} bytes",
+                 "all-gather only this rank's reduced block (ceil(n/p) elements), not the whole x: the reduce-scatter "
+                 "has already done the reduction, so nothing is left to combine locally")
     passed(f"all_reduce_rs_ag matches all_reduce on {', '.join(map(str, world_sizes))} ranks "
            f"(SUM, MAX, MIN; lengths 12, 10 and 5, padded when p does not divide them)")
 

@@ -1,0 +1,46 @@
+"""Lab 06 ring check: a right value obtained without building the ring is rejected."""
+
+import numpy as np
+import pytest
+
+import minidist as md
+from minidist.labs import CheckFailed
+
+
+def ring_good(x):
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    chunks = np.array_split(x, p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for k in range(p - 1):
+        incoming = np.empty_like(chunks[(r - k - 1) % p])
+        handle = md.dist.isend(chunks[(r - k) % p], right)
+        md.dist.recv(incoming, left)
+        handle.wait()
+        chunks[(r - k - 1) % p] += incoming
+    for k in range(p - 1):
+        handle = md.dist.isend(chunks[(r - k + 1) % p], right)
+        md.dist.recv(chunks[(r - k) % p], left)
+        handle.wait()
+
+
+def ring_from_the_library(x):
+    md.dist.all_reduce(x, algorithm="ring")  # right values, right time, but nothing built
+
+
+def ring_from_library_halves(x):
+    p = md.dist.get_world_size()
+    c = -(-x.size // p)
+    buf = np.zeros(c * p)
+    buf[:x.size] = x
+    mine = np.empty(c)
+    md.dist.reduce_scatter_tensor(mine, buf, algorithm="ring")
+    md.dist.all_gather_into_tensor(buf, mine, algorithm="ring")
+    x[...] = buf[:x.size]
+
+
+def test_ring_check_rejects_library_collectives_and_accepts_the_ring(capsys):
+    for fn in (ring_from_the_library, ring_from_library_halves):
+        with pytest.raises(CheckFailed, match=r"called a library collective(.|\n)*isend of one chunk"):
+            md.labs.check_ring_all_reduce(fn)
+    md.labs.check_ring_all_reduce(ring_good)
+    assert "ok: ring_all_reduce" in capsys.readouterr().out
