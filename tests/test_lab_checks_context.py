@@ -88,5 +88,7 @@ def test_volume_check_accepts_and_rejects(capsys):
     assert capsys.readouterr().out.count("ok:") == 2
     with pytest.raises(CheckFailed, match="both K and V travel"):
         check_cp_volumes(lambda b, s, h, p, sz: ring(b, s, h, p, sz) / 2, uly)
+    with pytest.raises(CheckFailed, match="not passed on"):
+        check_cp_volumes(lambda b, s, h, p, sz: 2 * b * s * h * sz, uly)
     with pytest.raises(CheckFailed, match="divide by p\\^2"):
         check_cp_volumes(ring, lambda b, s, h, p, sz: uly(b, s, h, p, sz) * p)

@@ -73,3 +73,17 @@ def test_malformed_and_unfinished_answers():
         md.labs.check_1f1b_actions(lambda p, m: [["F0", "W0"]] * p)
     with pytest.raises(CheckFailed, match="never runs B0"):
         md.labs.check_1f1b_actions(lambda p, m: [[f"F{i}" for i in range(m)]] * p)
+
+
+def test_one_warmup_forward_too_many_is_rejected():
+    def extra(p, m):
+        rows = []
+        for s in range(p):
+            w = min(p - s, m)  # off by one: stage s then holds p - s + 1 micro-batches
+            row = [f"F{i}" for i in range(w)]
+            for i in range(m - w):
+                row += [f"F{w + i}", f"B{i}"]
+            rows.append(row + [f"B{i}" for i in range(m - w, m)])
+        return rows
+    with pytest.raises(CheckFailed, match="holds 3 micro-batches at once"):
+        md.labs.check_1f1b_actions(extra)

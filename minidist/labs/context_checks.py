@@ -150,8 +150,8 @@ def check_ring_attention(fn: Callable) -> None:
             sent = _sent(res, r)
             if not math.isclose(sent, expected, rel_tol=1e-9):
                 fail(f"ring attention on {p} ranks: rank {r} sent the wrong number of bytes", expected, sent,
-                     "K and V of every other rank pass through each rank once: p - 1 sends of this rank's "
-                     "K and V, none after the last step")
+                     "K and V of every other rank pass through each rank once: p - 1 sends of one K/V block "
+                     "each (this rank's own first, then the blocks it received), none after the last step")
     # overlap: links as fast as a block's compute, so hiding the transfer halves the time
     fast = run_ranks("ring attention", _ring_body, 4, args=(fn, True), cluster=md.Cluster.uniform(1e-12, 1e18))
     block = max(t for _, t in fast) / 4
@@ -188,7 +188,7 @@ def check_cp_volumes(ring_bytes: Callable, ulysses_bytes: Callable) -> None:
         if math.isclose(got, 2 * b * s * h * sz * (p - 1)):
             return "each block holds only s/p positions: p - 1 blocks of b (s/p) h_kv elements, times two"
         if math.isclose(got, 2 * b * s * h * sz):
-            return "a rank never sends its block a p-th time: (p-1)/p, not 1"
+            return "the block received at the last step is not passed on: p - 1 sends per rank, (p-1)/p, not 1"
         return None
 
     def diag_uly(args, expected, got):

@@ -74,8 +74,8 @@ def check_best_interval(fn: Callable[[int, float, float], int]) -> None:
 
 def check_overlap_tokens(fn: Callable[[float, float], float]) -> None:
     """``fn(peak_flops, link_bw)``: tokens per micro-batch above which a layer's compute hides its weight transfer."""
-    cases = [((312e12, 32e9), 312e12 / 32e9, "A100 with PCIe Gen4 (32 GB/s)"),
-             ((989e12, 32e9), 989e12 / 32e9, "H100 with PCIe Gen5 (32 GB/s per direction)"),
+    cases = [((312e12, 32e9), 312e12 / 32e9, "A100 on a 32 GB/s link (the book's PCIe figure)"),
+             ((989e12, 32e9), 989e12 / 32e9, "H100 behind the same 32 GB/s link"),
              ((989e12, 7e9), 989e12 / 7e9, "H100 reading from NVMe (7 GB/s)")]
 
     def diagnose(args, want, got):
