@@ -33,6 +33,15 @@ def test_stochastic_round_spots_level_indices():
         md.labs.check_stochastic_round(lambda v, s, rng: np.minimum(_round(v, s, rng) + 1 / s, 1.0))
 
 
+def test_stochastic_round_wants_a_draw_per_entry():
+    def shared(v, s, rng):  # unbiased entry by entry, but the whole vector rounds up or down together
+        low = np.floor(v * s)
+        return (low + (rng.random() < v * s - low)) / s
+
+    with pytest.raises(CheckFailed, match="one random number per entry"):
+        md.labs.check_stochastic_round(shared)
+
+
 def _topk(g, r, k):
     acc = g + r
     idx = np.argsort(np.abs(acc))[-k:]

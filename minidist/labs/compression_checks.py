@@ -40,7 +40,13 @@ def check_stochastic_round(fn: Callable[[np.ndarray, int, np.random.Generator], 
             i = int(np.argmax(np.abs(mean - v)))
             fail(f"stochastic_round: the mean over 4000 draws of v={v[i]} with {s} levels", v[i], round(mean[i], 3),
                  "round up with probability v*levels - floor(v*levels): then the mean is v (unbiased)")
-    passed("stochastic_round: on the levels, between the neighbours, unbiased")
+    # one draw shared by every entry is unbiased too, but it rounds a whole vector up or down together, and the
+    # variance of a sum of entries (what the all-reduce adds up) then grows like n squared instead of n
+    halves = np.asarray(fn(np.full(1000, 0.5), 1, np.random.default_rng(0)), float)
+    if not 0.4 <= halves.mean() <= 0.6:
+        fail("stochastic_round(1000 entries of 0.5, 1 level, rng): share rounded up", "about half",
+             f"{halves.mean():.0%}", "draw one random number per entry (rng.random(v.shape)), not one for the vector")
+    passed("stochastic_round: on the levels, between the neighbours, unbiased, independent per entry")
 
 
 def _topk_ef(grad, residual, k):
