@@ -129,6 +129,14 @@ def _widget_output(widget) -> str:
     return "\n".join(parts)
 
 
+def _settled_output(widget, pause: float = 1.0) -> str | None:
+    """The widget's output if it is the same twice ``pause`` seconds apart, else None: a change the control did not
+    cause (a first drawing replaced) must not count as its answer."""
+    first = _widget_output(widget)
+    time.sleep(pause)
+    return first if first and _widget_output(widget) == first else None
+
+
 def _move_one_control(driver, widget) -> str:
     """Change the first control of ``widget``: a slider by a key press, else a dropdown's choice."""
     handles = widget.find_elements(By.CSS_SELECTOR, ".noUi-handle")
@@ -201,8 +209,11 @@ def test_the_widgets_respond_in_the_browser(lab, browser, name):
         except AssertionError:
             raise AssertionError(f"{name}: no widget drew within 240 s, twice; the page shows: "
                                  f"{_page_state(browser)}") from None
-    for widget in widgets:
-        before = _widget_output(widget)
+    for i in range(len(widgets)):
+        # found afresh and read until it holds still: a widget's first drawing can be replaced just after it
+        # appears, and an element read across that swap is stale (seen once in a CI run)
+        widget = _wait(lambda i=i: _drawn_widgets(browser)()[i], 30, f"{name}'s widget {i} to be found again")
+        before = _wait(lambda w=widget: _settled_output(w), 30, f"{name}'s widget {i} to hold still")
         kind = _move_one_control(browser, widget)
         try:
             _wait(lambda w=widget, b=before: (_widget_output(w) or b) != b, 60, "")
