@@ -4,14 +4,7 @@ import pytest
 
 import minidist as md
 from minidist.labs import CheckFailed
-
-
-def _leaving(order, G, closed=True):
-    out = {}
-    for a, b in zip(order, order[1:] + order[:1] if closed else order[1:]):
-        if a // G != b // G:
-            out[a // G] = out.get(a // G, 0) + 1
-    return out
+from minidist.labs.topology_checks import edges_leaving as _leaving
 
 
 def flows_good(order, G):

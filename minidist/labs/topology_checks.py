@@ -100,18 +100,21 @@ def check_two_level_times(flat_fn: Callable, hier_fn: Callable) -> None:
     passed("flat_ring_time and hierarchical_time match the closed forms")
 
 
+def edges_leaving(order: list[int], G: int, closed: bool = True) -> dict[int, int]:
+    """node -> how many edges of the ring ``order`` leave it (``closed``: with the edge from the last GPU back to the
+    first); the reference of ``check_flows_per_nic`` and, open, the slip it names."""
+    out: dict[int, int] = {}
+    for a, b in zip(order, order[1:] + order[:1] if closed else order[1:]):
+        if a // G != b // G:
+            out[a // G] = out.get(a // G, 0) + 1
+    return out
+
+
 def check_flows_per_nic(fn: Callable[[list[int], int], int]) -> None:
     """``fn(order, gpus_per_node)``: most ring edges leaving any one node, with one NIC per node."""
 
-    def per_node(order, G, closed=True):
-        out: dict[int, int] = {}
-        for a, b in zip(order, order[1:] + order[:1] if closed else order[1:]):
-            if a // G != b // G:
-                out[a // G] = out.get(a // G, 0) + 1
-        return out
-
     def ref(order, G):
-        return max(per_node(order, G).values(), default=0)
+        return max(edges_leaving(order, G).values(), default=0)
 
     cases = [(list(range(16)), 8, "natural order: one edge leaves each node"),
              ([0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15], 8, "interleaved: every edge crosses nodes"),
@@ -127,8 +130,8 @@ def check_flows_per_nic(fn: Callable[[list[int], int], int]) -> None:
             raise CheckFailed("flows_per_nic: the exercise is not done yet (it raised NotImplementedError)") from None
         want = ref(order, G)
         if got != want:
-            leaving = per_node(order, G)
-            if got == max(per_node(order, G, closed=False).values(), default=0):
+            leaving = edges_leaving(order, G)
+            if got == max(edges_leaving(order, G, closed=False).values(), default=0):
                 hint = ("count the edge that closes the ring, from the last GPU back to the first: "
                         "zip(order, order[1:] + order[:1])")
             elif leaving and got in (sum(leaving.values()) // len({a // G for a in order}),
