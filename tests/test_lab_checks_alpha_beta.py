@@ -67,6 +67,19 @@ def test_real_fit_plausibility(capsys):
         md.labs.check_real_fit(30e-6, 5e8, n, t)
 
 
+def test_real_fit_on_timings_no_line_fits_is_judged_against_the_best_fit(capsys):
+    """A loaded CI machine gave timings whose best relative fit missed by 40%: the right fit passes, a
+    beta ten times off still fails."""
+    n = np.array([8, 256, 4096, 16384, 65536, 262144, 1 << 20, 4 << 20], float)
+    t = (10e-6 + n / 13e9) * np.array([1.6, 0.6, 1.5, 0.55, 1.7, 0.6, 1.45, 0.6])
+    best = reference_fit(n, t)
+    assert np.median(np.abs(best[0] + n / best[1] - t) / t) > 0.35
+    md.labs.check_real_fit(*best, n, t)
+    assert "noisy" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="residual"):
+        md.labs.check_real_fit(best[0], best[1] / 10, n, t)
+
+
 def test_crossover_and_chunked_time():
     md.labs.check_crossover(lambda a, b: a * b)
     with pytest.raises(CheckFailed, match="solve alpha = n / beta"):

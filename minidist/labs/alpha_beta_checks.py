@@ -91,13 +91,22 @@ def check_real_fit(alpha: float, beta: float, sizes, times) -> None:
     if not 1e6 < beta < 1e13:
         fail("beta should be between 1 MB/s and 10 TB/s for shared memory", "1e6 < beta < 1e13", beta,
              "beta is in bytes per second: did you convert to GB/s, or return the slope 1/beta?")
-    rel = np.abs(alpha + sizes / beta - times) / times
-    worst = float(np.median(rel))
-    if worst > 0.35:
-        fail("the model misses the measured times by too much (median relative residual)", "< 0.35",
+    worst = _median_miss(alpha, beta, sizes, times)
+    # A busy machine's timings can be far from a straight line (a CI run once gave 40% for the best
+    # fit), so the learner's fit is held to what the best relative fit of the same numbers achieves.
+    best = _median_miss(*reference_fit(sizes, times), sizes, times)
+    limit = max(0.35, 1.5 * best + 0.05)
+    if worst > limit:
+        fail("the model misses the measured times by too much (median relative residual)", f"< {limit:.2f}",
              round(worst, 3), "fit the times you measured (half a round trip), with the sizes in bytes")
+    noisy = (f"; this machine's timings are noisy (the best fit misses by {100 * best:.0f}%): "
+             "run the cell again on a quieter machine" if best > 0.2 else "")
     passed(f"a plausible fit: alpha = {alpha * 1e6:.1f} us, beta = {beta / 1e9:.2f} GB/s, "
-           f"median residual {100 * worst:.0f}%")
+           f"median residual {100 * worst:.0f}%{noisy}")
+
+
+def _median_miss(alpha: float, beta: float, sizes: np.ndarray, times: np.ndarray) -> float:
+    return float(np.median(np.abs(alpha + sizes / beta - times) / times))
 
 
 def check_crossover(fn: Callable[[float, float], float]) -> None:
