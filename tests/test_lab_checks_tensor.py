@@ -36,6 +36,21 @@ def column_no_bias(x, w, b):
     return x @ w[:, c]
 
 
+def column_slices_after(x, w, b):  # right numbers, all of the work
+    c = _block(w.shape[1], md.dist.get_world_size(), md.dist.get_rank())
+    return (x @ w + b)[:, c]
+
+
+def column_np_dot_after(x, w, b):
+    c = _block(w.shape[1], md.dist.get_world_size(), md.dist.get_rank())
+    return np.dot(x, w)[:, c] + b[c]
+
+
+def column_np_dot_ok(x, w, b):
+    c = _block(w.shape[1], md.dist.get_world_size(), md.dist.get_rank())
+    return np.dot(x, w[:, c]) + b[c]
+
+
 def column_gathers(x, w, b):
     y = column_ok(x, w, b)
     out = np.empty((md.dist.get_world_size(),) + y.shape)
@@ -83,6 +98,11 @@ def mlp_gathered(x, w1, b1, w2, b2):  # right numbers, an extra all-gather of th
     return row_ok(hidden[:, rows], w2, b2)
 
 
+def mlp_dense_first_layer(x, w1, b1, w2, b2):  # right numbers: the first layer computed whole, then sliced
+    c = _block(w1.shape[1], md.dist.get_world_size(), md.dist.get_rank())
+    return row_ok(gelu(x @ w1 + b1)[:, c], w2, b2)
+
+
 def mlp_bias_everywhere(x, w1, b1, w2, b2):
     return row_bias_everywhere(gelu(column_ok(x, w1, b1)), w2, b2)
 
@@ -91,9 +111,11 @@ def test_column_parallel(capsys):
     check_column_parallel(column_ok)
     assert capsys.readouterr().out.startswith("ok: column_parallel_linear")
     for wrong, hint in [(column_dense, "that is the dense layer"), (column_no_bias, "forgot the bias"),
-                        (column_gathers, "no communication is needed")]:
+                        (column_gathers, "no communication is needed"), (column_slices_after, "Slice W first"),
+                        (column_np_dot_after, "Slice W first")]:
         with pytest.raises(CheckFailed, match=hint):
             check_column_parallel(wrong)
+    check_column_parallel(column_np_dot_ok)
 
 
 def test_row_parallel(capsys):
@@ -112,6 +134,8 @@ def test_megatron_mlp(capsys):
         check_megatron_mlp(mlp_gathered)
     with pytest.raises(CheckFailed, match="second bias was added on every rank"):
         check_megatron_mlp(mlp_bias_everywhere)
+    with pytest.raises(CheckFailed, match="p times the work"):
+        check_megatron_mlp(mlp_dense_first_layer)
 
 
 def test_not_done_yet():

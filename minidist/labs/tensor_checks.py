@@ -25,12 +25,66 @@ def _data(seed: int = 0, n: int = 3, k: int = 8, m: int = 12):
     return rng.normal(size=(n, k)), rng.normal(size=(k, m)), rng.normal(size=m)
 
 
+class Counted(np.ndarray):
+    """An array that counts the multiply-adds of every matrix product it takes part in.
+
+    Values alone cannot tell a rank that multiplies its own block of W from one that multiplies all
+    of W and then slices the answer: both return the right numbers. The check hands the weights in as
+    ``Counted`` arrays (slices of them stay ``Counted``) and compares each rank's count with the
+    1/p share of the dense product. A product taken after ``np.asarray`` goes uncounted, which the
+    check treats as "cannot tell", never as a failure.
+    """
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        plain = [a.view(np.ndarray) if isinstance(a, Counted) else a for a in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(a.view(np.ndarray) if isinstance(a, Counted) else a for a in kwargs["out"])
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if ufunc is np.matmul and method == "__call__":
+            _count(plain[0], plain[1])
+        return result
+
+    def __array_function__(self, func, types, args, kwargs):
+        plain = [a.view(np.ndarray) if isinstance(a, Counted) else a for a in args]
+        if func is np.dot:
+            _count(plain[0], plain[1])
+        return func(*plain, **kwargs)
+
+
+_MACS: dict[int, int] = {}  # rank -> multiply-adds of products with a Counted operand (ranks may be threads)
+
+
+def _count(a, b) -> None:
+    from minidist import dist
+
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim >= 1 and b.ndim >= 1:
+        inner = a.shape[-1]
+        rows = math.prod(a.shape[:-1])
+        cols = b.shape[-1] if b.ndim >= 2 else 1
+        rank = dist.get_rank()
+        _MACS[rank] = _MACS.get(rank, 0) + rows * inner * cols
+
+
+def _counted(a: np.ndarray) -> Counted:
+    return np.array(a).view(Counted)
+
+
 def _call(fn, *args):
     from minidist import dist
 
     t0 = dist.now()
+    _MACS.pop(dist.get_rank(), None)
     out = fn(*args)
-    return None if out is None else np.asarray(out, dtype=float), t0
+    return None if out is None else np.asarray(out, dtype=float), t0, _MACS.pop(dist.get_rank(), None)
+
+
+def _check_share(name: str, p: int, macs: list, dense: int, hint: str) -> None:
+    """Fail if a rank's products cost the dense layer's (not its 1/p share); unknown counts pass."""
+    for r, m in enumerate(macs):
+        if m is not None and m > 1.25 * dense / p:
+            fail(f"{name} on {p} ranks: rank {r} multiplied more than its share of the weights "
+                 f"(multiply-adds)", f"{dense // p} (1/{p} of the dense layer's {dense})", m, hint)
 
 
 def _run(name: str, fn, world: int, args: list):
@@ -53,7 +107,7 @@ def _run(name: str, fn, world: int, args: list):
         if o is None:
             fail(f"{name} on {world} ranks: rank {r} returned nothing", "an array", None,
                  "did you forget to `return` the result?")
-    return outs, res.trace
+    return outs, res.trace, [o[2] for o in res]
 
 
 def _collectives(trace, rank: int = 0) -> list[str]:
@@ -65,7 +119,7 @@ def check_column_parallel(fn) -> None:
     for p in (2, 4):
         x, w, b = _data(p)
         y = x @ w + b
-        outs, trace = _run("column_parallel_linear", fn, p, [(x, w, b)] * p)
+        outs, trace, macs = _run("column_parallel_linear", fn, p, [(x, _counted(w), b)] * p)
         k = w.shape[1] // p
         for r, got in enumerate(outs):
             want = y[:, r * k:(r + 1) * k]
@@ -85,6 +139,9 @@ def check_column_parallel(fn) -> None:
         if _collectives(trace):
             fail(f"column_parallel_linear on {p} ranks communicated", "no collective", _collectives(trace),
                  "each output column depends only on X and its own column of W: no communication is needed")
+        _check_share("column_parallel_linear", p, macs, x.shape[0] * w.shape[0] * w.shape[1],
+                     "the right columns sliced out of the full product X W: the point is that a rank never "
+                     "computes the other ranks' columns. Slice W first, then multiply")
     passed("column_parallel_linear: each rank computes its own columns, no communication (2 and 4 ranks)")
 
 
@@ -94,7 +151,8 @@ def check_row_parallel(fn) -> None:
         x, w, b = _data(10 + p)
         y = x @ w + b
         k = x.shape[1] // p
-        outs, trace = _run("row_parallel_linear", fn, p, [(x[:, r * k:(r + 1) * k].copy(), w, b) for r in range(p)])
+        outs, trace, _ = _run("row_parallel_linear", fn, p,
+                              [(x[:, r * k:(r + 1) * k].copy(), w, b) for r in range(p)])
         for r, got in enumerate(outs):
             if got.shape != y.shape:
                 fail(f"row_parallel_linear on {p} ranks: rank {r} returned the wrong shape", y.shape, got.shape,
@@ -123,7 +181,7 @@ def check_megatron_mlp(fn) -> None:
         x, w1, b1 = rng.normal(size=(3, 6)), rng.normal(size=(6, 16)), rng.normal(size=16)
         w2, b2 = rng.normal(size=(16, 6)), rng.normal(size=6)
         want = gelu(x @ w1 + b1) @ w2 + b2
-        outs, trace = _run("megatron_mlp", fn, p, [(x, w1, b1, w2, b2)] * p)
+        outs, trace, macs = _run("megatron_mlp", fn, p, [(x, _counted(w1), b1, _counted(w2), b2)] * p)
         for r, got in enumerate(outs):
             if got.shape != want.shape or not np.allclose(got, want, rtol=1e-10, atol=1e-12):
                 wrong = gelu(x @ w1 + b1) @ w2 + p * b2
@@ -137,6 +195,9 @@ def check_megatron_mlp(fn) -> None:
             fail(f"megatron_mlp on {p} ranks: collectives on rank 0", ["all_reduce"], names,
                  "GELU acts on each hidden feature separately, so the column blocks need not be gathered: "
                  "only the row layer's partial sums are reduced")
+        _check_share("megatron_mlp", p, macs, x.shape[0] * (w1.shape[0] * w1.shape[1] + w2.shape[0] * w2.shape[1]),
+                     "each rank multiplies only its columns of W1 and its rows of W2; computing a full layer and "
+                     "slicing its answer gives the right numbers at p times the work")
     passed("megatron_mlp: column -> GELU -> row with a single all-reduce (2 and 4 ranks)")
 
 
