@@ -87,3 +87,19 @@ def test_one_warmup_forward_too_many_is_rejected():
         return rows
     with pytest.raises(CheckFailed, match="holds 3 micro-batches at once"):
         md.labs.check_1f1b_actions(extra)
+
+
+def test_micro_batches_out_of_order_are_rejected():
+    """Relabelling micro-batches 0 and 1 on every stage runs, holds as much and has the same bubble; it is
+    still not 1F1B's order."""
+    def swapped(p, m):
+        swap = {"0": "1", "1": "0"} if m > 1 else {}
+        return [[a[0] + swap.get(a[1:], a[1:]) for a in row] for row in one_f_one_b(p, m)]
+    with pytest.raises(CheckFailed, match="out of order(.|\n)*first in, first out"):
+        md.labs.check_1f1b_actions(swapped)
+
+
+def test_an_action_outside_the_micro_batches_is_not_blamed_on_the_books_warm_up():
+    with pytest.raises(CheckFailed, match="outside m=1") as e:
+        md.labs.check_1f1b_actions(lambda p, m: [["F1", "B1"]] * p)
+    assert "book" not in str(e.value)

@@ -4,9 +4,9 @@
 (and recognises the other convention, bubble over useful work, and the naive (p-1)/p).
 ``check_1f1b_actions`` takes the learner's per-stage 1F1B action lists, adds the messages, and runs
 the schedule checker: a deadlock is reported with the stuck actions (and, when the warm-up follows
-the book's code, with that diagnosis); then it checks that stage s keeps at most min(p-s, m)
-micro-batches in flight (what makes it 1F1B rather than GPipe) and that the simulated bubble is
-(p-1)/(m+p-1).
+the book's code, with that diagnosis); then it checks that every stage takes micro-batches in order,
+keeps at most min(p-s, m) micro-batches in flight (what makes it 1F1B rather than GPipe) and that the
+simulated bubble is (p-1)/(m+p-1).
 """
 
 from __future__ import annotations
@@ -86,12 +86,18 @@ def check_1f1b_actions(actions: Callable) -> None:
             check_schedule(sched)
         except ScheduleError as e:
             hint = "stage s runs min(p - s - 1, m) forwards before its first backward (stage 0 the most)"
-            book = _book_warmup(comp, p, m)
+            book = _book_warmup(comp, p, m) if "deadlock" in str(e) else None
             if book:
                 hint = (f"your stage s warms up with {book} forwards, as in the book's code, which is reversed: "
                         f"the last stage must start backwards first. " + hint)
             raise CheckFailed(f"actions({p}, {m}) cannot run: {e}\n  hint: {hint}") from None
         for s, acts in enumerate(comp):
+            for op, word in (("F", "forwards"), ("B", "backwards")):
+                order = [a.mb for a in acts if a.op == op]
+                if order != sorted(order):
+                    fail(f"actions({p}, {m}): stage {s} runs its {word} out of order", sorted(order), order,
+                         "1F1B takes micro-batches first in, first out: F0, F1, ... and B0, B1, ... on every "
+                         "stage (the oldest activations are freed first)")
             held = top = 0
             for a in acts:
                 held += 1 if a.op == "F" else -1
