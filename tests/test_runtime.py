@@ -495,3 +495,40 @@ def test_ranks_that_disagree_about_a_group_are_told_so_in_seconds(no_leaks):
     text = str(info.value).split("\n")[0]
     assert "DeadlockError" in text and "on ranks [0, 1]" in text and "on ranks [0, 1, 2]" in text
     assert "do the ranks agree about each group's membership?" in text
+
+
+def _shm_files_mapped() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return sorted({line.split()[-1] for line in f if "/dev/shm/" in line})
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_ranks_wait_on_nothing_with_a_name(method):
+    """A rank's doorbell is a pipe, not a named semaphore: a launcher killed at any moment can leave a
+    named object in /dev/shm behind, a pipe dies with the processes. Under fork a rank maps nothing from
+    /dev/shm at all; under spawn only the launch's one segment."""
+    maps = launch(_shm_files_mapped, 2, start_method=method)
+    for m in maps:
+        assert not any("sem." in f for f in m), m
+        assert len(m) == (0 if method == "fork" else 1), m
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_launches_leave_no_file_descriptor_open(method):
+    launch(_identity, 2, args=(0,), start_method=method)
+    before = _open_fds()
+    for _ in range(3):
+        launch(_identity, 4, args=(0,), start_method=method)
+    with pytest.raises(RankError):
+        launch(_fails_on_rank_1, 3, start_method=method)
+    assert _open_fds() == before
+
+
+def _fails_on_rank_1():
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 gives up")
+    dist.barrier()

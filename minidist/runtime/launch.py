@@ -1,6 +1,6 @@
 """``launch``: run a function on ``world_size`` simulated devices, each a real process.
 
-The parent creates the shared segment and one doorbell semaphore per rank, starts the ranks with
+The parent creates the shared segment and one doorbell per rank (a pipe), starts the ranks with
 the ``multiprocess`` package (dill pickling, so a function typed in a notebook cell works) and
 waits for their reports on pipes. Each rank (``rank_process.py``) captures its printed output and
 sends back its return value, simulated time, memory ledger and trace events; the parent shows the
@@ -29,6 +29,7 @@ from multiprocess.connection import wait as mp_wait
 from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import context, pickling, shm
+from minidist.runtime.doorbell import Doorbell
 from minidist.runtime.errors import RankError, process_state
 from minidist.runtime.inprocess_launch import launch_inprocess
 from minidist.runtime.live import LiveView
@@ -248,7 +249,7 @@ class _Ranks:
         """Every rank stops at its next communication call; the launcher gives them GRACE to report."""
         self.board.abort(why)
         for b in self.bells:
-            b.release()
+            b.ring()
         self.failed_at = time.monotonic()
 
     def running(self) -> list[int]:
@@ -419,12 +420,13 @@ def launch(
         fork = start_method == "fork"
         seg = _Segment(layout.size, fork)
         mm, name = seg.mm, seg.name
-        procs, readers = [], {}
+        procs, readers, bells = [], {}, []
         board = shm.Board(mm, layout)
-        bells = [mp.Semaphore(0) for _ in range(world_size)]
         live = LiveView(world_size, quiet)
         ranks = _Ranks(world_size, procs, readers, board, bells, seg, live, timeout, deadline)
         try:
+            for _ in range(world_size):
+                bells.append(Doorbell())
             saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
             if not fork:
                 os.environ.update({k: "1" for k in _BLAS_ENV})
@@ -459,6 +461,8 @@ def launch(
             for c in readers:
                 c.close()
             seg.unlink()
+            for b in bells:
+                b.close()
             del board
     res = ranks.result()
     res.wall = time.monotonic() - ranks.t0

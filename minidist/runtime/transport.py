@@ -20,7 +20,7 @@ collective, the call's signature, which is how ranks catch disagreeing arguments
   copy instead of two, and no back-and-forth over free slots. Such a send completes only once it
   is read (a collective's small sends complete when written); the simulated times are the same.
 
-Waiting is cheap: one process-shared semaphore per rank is its doorbell. A rank about to sleep
+Waiting is cheap: one pipe per rank is its doorbell (``doorbell.py``). A rank about to sleep
 raises a flag on the channels it waits on and looks once more; whoever changes a flagged channel
 rings the bell, and nobody rings a rank that is busy (a wake-up costs far more than a message).
 Before sleeping a rank polls for a few tens of microseconds (``spin_seconds``); when ranks outnumber
@@ -86,7 +86,7 @@ def oversubscribed(world: int) -> bool:
 def spin_seconds() -> float:
     """How long a waiting rank polls before it sleeps on its doorbell.
 
-    Sleeping on the semaphore costs a wake-up (tens of microseconds of CPU on both sides) per message;
+    Sleeping on the doorbell costs a wake-up (tens of microseconds of CPU on both sides) per message;
     like MPI, a waiting rank polls briefly first (``SPIN_US``). When ranks outnumber cores a plain poll
     would hold the core its peer needs, so there every look is followed by ``sched_yield`` (the
     transport's ``pause``): a runnable peer on this core runs at once, and the poll ends, still brief,
@@ -444,7 +444,7 @@ class Transport:
         ctrl[C_HEAD] = head + 1
         fence()  # the counter must be visible before we read the flag, or a sleeper could miss it
         if ctrl[C_RWANT]:
-            self.bells[dst].release()
+            self.bells[dst].ring()
         # the header the expected message carries after _HEAD: ours, when we receive into what we sent
         expect = rest if rbuf is sbuf else _header_rest(rbuf.shape, rbuf.dtype, wsig)
         done = self._take_small(rbuf, src, tag, ready, expect, ufunc)
@@ -495,7 +495,7 @@ class Transport:
         rctrl[C_TAIL] = tail + 1
         fence()
         if rctrl[C_WANT]:
-            self.bells[src].release()
+            self.bells[src].ring()
         arrival = hdr[3]
         return arrival if arrival > ready else ready
 
@@ -543,7 +543,7 @@ class Transport:
         if wrote:
             fence()
             if ctrl[C_RWANT]:  # the receiver sleeps waiting for this channel: wake it
-                self.bells[dst].release()
+                self.bells[dst].ring()
         done = False
         while q and q[0].written and (q[0].eager or tail >= q[0].end_counter):
             q.popleft().done = True
@@ -608,7 +608,7 @@ class Transport:
         if moved:
             fence()
             if ctrl[C_WANT]:  # the sender sleeps until slots free up or its message is taken
-                self.bells[src].release()
+                self.bells[src].ring()
         return moved
 
     def _complete(self, op: RecvOp, hdr) -> None:
@@ -641,7 +641,7 @@ class Transport:
             self.buf[base + C_NACK_OFF : base + C_NACK_OFF + len(data)] = np.frombuffer(data, np.uint8)
             ctrl[C_NACKLEN] = len(data)
             ctrl[C_NACK] = msg + 1
-            self.bells[op.peer].release()
+            self.bells[op.peer].ring()
         return problem
 
     def _nacked(self, dst: int, q) -> None:
@@ -676,10 +676,8 @@ class Transport:
 
     # -- waiting ---------------------------------------------------------------------------
     def _sleep(self, seconds: float) -> None:
-        """Sleep on this rank's doorbell (at most ``seconds``); then swallow the rings that piled up."""
-        if self.bell.acquire(True, seconds):
-            while self.bell.acquire(False):
-                pass
+        """Sleep on this rank's doorbell (at most ``seconds``); a wake-up swallows the rings that piled up."""
+        self.bell.sleep(seconds)
 
     def wait(self, ops, timeout: float | None = None) -> None:
         """Block (on the doorbell, not spinning) until every op in ``ops`` is done.
@@ -857,7 +855,7 @@ class Transport:
         q, rec, me = board.q, board.rec, self.rank
         for r in ranks:  # wake only the peers sleeping in agree(), waiting for this
             if q[rec[r] + shm.R_NAP] and r != me:
-                self.bells[r].release()
+                self.bells[r].ring()
 
     def agree(self, ranks, key: int, seq: int, sig: bytes, what: str) -> None:
         """Wait until every member has published the same call (after the data moved, so usually at once).
@@ -980,4 +978,4 @@ class Transport:
     def ring_all(self) -> None:
         for r, b in enumerate(self.bells):
             if r != self.rank:
-                b.release()
+                b.ring()

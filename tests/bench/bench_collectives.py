@@ -14,7 +14,7 @@ On a shared machine one run proves little, so MPICH and minidist alternate ``MIN
 times (default 3) and the table shows medians; the ratio column is the median of the per-repetition
 ratios, with their range. MPICH polls while it waits (it keeps its cores busy); minidist polls for
 ``MINIDIST_SPIN_US`` (50 us by default, yielding its core at each look when ranks outnumber cores) and
-then sleeps on a semaphore, so small-message latency also measures how fast the operating system wakes
+then sleeps on its doorbell (a pipe), so small-message latency also measures how fast the operating system wakes
 a process up. Beside them, the floor of the pure-Python design: two processes trading a 1 KB message
 each way through shared memory with nothing but a header, a copy, an add and two counters; and for the
 64 MB all-gather and all-to-all the copy floor (``copy_floor``): processes doing only the copies both
