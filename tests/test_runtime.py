@@ -351,6 +351,7 @@ def _launching(tmp_path, method: str):
 @pytest.mark.parametrize("method, delays", [
     ("fork", [i * 0.005 for i in range(0, 24, 3)]),
     ("spawn", [0.0, 0.05, 0.15, 0.3]),
+    ("forkserver", [0.0, 0.1, 0.3]),
     pytest.param("fork", [i * 0.005 for i in range(24)], marks=pytest.mark.slow),
     pytest.param("spawn", [i * 0.04 for i in range(12)], marks=pytest.mark.slow),
 ])
@@ -414,6 +415,7 @@ def test_deadline_bounds_a_launch_whose_ranks_all_compute(no_leaks):
 @pytest.mark.parametrize("method, delays", [
     ("fork", [0.0, 0.01, 0.02, 0.04, 0.2]),
     ("spawn", [0.0, 0.05, 0.15, 0.3, 0.6]),
+    ("forkserver", [0.0, 0.1, 0.3, 0.6]),
     pytest.param("fork", [i * 0.004 for i in range(30)], marks=pytest.mark.slow),
     pytest.param("spawn", [i * 0.04 for i in range(20)], marks=pytest.mark.slow),
 ])
@@ -502,7 +504,7 @@ def _shm_files_mapped() -> list[str]:
         return sorted({line.split()[-1] for line in f if "/dev/shm/" in line})
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_ranks_wait_on_nothing_with_a_name(method):
     """A rank's doorbell is a pipe, not a named semaphore: a launcher killed at any moment can leave a
     named object in /dev/shm behind, a pipe dies with the processes. Under fork a rank maps nothing from
@@ -511,13 +513,14 @@ def test_ranks_wait_on_nothing_with_a_name(method):
     for m in maps:
         assert not any("sem." in f for f in m), m
         assert len(m) == (0 if method == "fork" else 1), m
+    assert list(launch(_identity, 3, args=(5,), start_method=method)) == [(5, 3), (6, 3), (7, 3)]
 
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_launches_leave_no_file_descriptor_open(method):
     launch(_identity, 2, args=(0,), start_method=method)
     before = _open_fds()

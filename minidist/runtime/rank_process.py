@@ -62,11 +62,31 @@ def _die_with_parent(parent: int) -> None:
     """Linux: the kernel kills this rank if the parent dies (no orphans after a SIGKILL).
 
     A parent that died before the request was made is not covered by it: then we are already
-    somebody else's child, and leave at once.
+    somebody else's child, and leave at once. Under forkserver our parent is the fork server, a child
+    of the launcher that exits when the launcher dies (its pipe closes), so the request still covers
+    us; there it is the launcher that must still be alive.
     """
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
+    if os.getppid() == parent:
+        return
+    try:
+        os.kill(parent, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    except PermissionError:  # a pid that names someone else's process: ours is gone
+        alive = False
+    grandparent = _parent_of(os.getppid())  # None where there is no /proc to ask
+    if not alive or (grandparent is not None and grandparent != parent):
         os._exit(1)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _let_siblings_read(parent: int) -> None:
