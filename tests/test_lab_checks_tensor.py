@@ -51,6 +51,13 @@ def column_np_dot_ok(x, w, b):
     return np.dot(x, w[:, c]) + b[c]
 
 
+def column_split_ok(x, w, b):  # np.split and np.concatenate on the counted weights work as on plain arrays
+    p, r = md.dist.get_world_size(), md.dist.get_rank()
+    c = _block(w.shape[1], p, r)
+    halves = [w[:, c][:, :1], w[:, c][:, 1:]]  # slices of the weights: still counted, inside a list
+    return x @ np.concatenate(halves, axis=1) + np.split(b, p)[r]
+
+
 def column_gathers(x, w, b):
     y = column_ok(x, w, b)
     out = np.empty((md.dist.get_world_size(),) + y.shape)
@@ -116,6 +123,7 @@ def test_column_parallel(capsys):
         with pytest.raises(CheckFailed, match=hint):
             check_column_parallel(wrong)
     check_column_parallel(column_np_dot_ok)
+    check_column_parallel(column_split_ok)
 
 
 def test_row_parallel(capsys):

@@ -45,10 +45,9 @@ class Counted(np.ndarray):
         return result
 
     def __array_function__(self, func, types, args, kwargs):
-        plain = [a.view(np.ndarray) if isinstance(a, Counted) else a for a in args]
         if func is np.dot:
-            _count(plain[0], plain[1])
-        return func(*plain, **kwargs)
+            _count(args[0], args[1])
+        return super().__array_function__(func, types, args, kwargs)  # the plain implementation: no re-dispatch
 
 
 _MACS: dict[int, int] = {}  # rank -> multiply-adds of products with a Counted operand (ranks may be threads)
