@@ -48,6 +48,17 @@ class RankError(RuntimeError):
         self.exc = exc
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/``pid``/stat after the command name (state, ppid, ...), or None if unreadable.
+
+    The name is cut at the last ")" because a process may put anything in it, spaces and ")" included."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_state(pid: int) -> str | None:
     """What the kernel says of process ``pid`` (Linux): "stopped", "gone", "running", or None if unknown.
 
@@ -56,9 +67,8 @@ def process_state(pid: int) -> str | None:
     """
     if not pid:
         return None
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(") ", 1)[1][:1]
-    except (OSError, IndexError):
+    fields = proc_stat(pid)
+    if not fields:
         return "gone" if os.path.isdir("/proc") else None
+    state = fields[0]
     return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(state, "running")

@@ -26,6 +26,7 @@ from pathlib import Path
 from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import pickling
+from minidist.runtime.errors import proc_stat
 from minidist.runtime.live import LiveView
 
 POLL = 0.02  # seconds between looks at the ranks' files
@@ -197,10 +198,8 @@ def _job_processes(folder: str, mpiexec: int) -> list[int]:
 
 def _state(pid: int) -> str:
     """The state letter of ``pid`` in /proc (R, S, T, Z, ...), or "" if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    fields = proc_stat(pid)
+    return fields[0] if fields else ""
 
 
 def _running(pid: int) -> bool:

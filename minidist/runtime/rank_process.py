@@ -21,7 +21,7 @@ from minidist.hardware.clock import Clock
 from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder
 from minidist.runtime import context, pickling, shm
-from minidist.runtime.errors import RankAborted
+from minidist.runtime.errors import RankAborted, proc_stat
 from minidist.runtime.live import RankStream
 from minidist.runtime.transport import Transport
 
@@ -71,22 +71,11 @@ def _die_with_parent(parent: int) -> None:
         return
     try:
         os.kill(parent, 0)
-        alive = True
-    except ProcessLookupError:
-        alive = False
-    except PermissionError:  # a pid that names someone else's process: ours is gone
-        alive = False
-    grandparent = _parent_of(os.getppid())  # None where there is no /proc to ask
-    if not alive or (grandparent is not None and grandparent != parent):
+    except (ProcessLookupError, PermissionError):  # PermissionError: the pid now names someone else's process
         os._exit(1)
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(") ", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    fields = proc_stat(os.getppid())  # None where there is no /proc to ask
+    if fields and int(fields[1]) != parent:
+        os._exit(1)
 
 
 def _let_siblings_read(parent: int) -> None:
