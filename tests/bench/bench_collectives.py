@@ -64,7 +64,7 @@ def batches(iters: int) -> int:
 
 
 MPI_WORKER = r'''
-import json, os, sys, time
+import json, sys, time
 import numpy as np
 from mpi4py import MPI
 
@@ -98,12 +98,10 @@ for op in ops:
         out[f"{op}:{n}"] = comm.reduce(dt, op=MPI.MAX, root=0)
 sys.path.insert(0, sys.argv[5])
 from tests.bench.bench_collectives import COPIED, SIZES, paired_with_copies
+calls = {"all_gather": lambda x, y, piece: lambda: comm.Allgather(piece, y),
+         "all_to_all": lambda x, y, piece: lambda: comm.Alltoall(x, y)}
 for op in COPIED:
-    n = SIZES[-1]
-    x, y, piece = np.zeros(n // 4, np.float32), np.ones(n // 4, np.float32), np.ones(n // 4 // p, np.float32)
-    peers = comm.allgather((os.getpid(), piece.ctypes.data, x.ctypes.data))
-    call = (lambda: comm.Allgather(piece, y)) if op == "all_gather" else (lambda: comm.Alltoall(x, y))
-    lib, floor = paired_with_copies(op, call, rank, p, x, y, piece, peers, comm.Barrier)
+    lib, floor = paired_with_copies(op, calls[op], rank, p, comm.allgather, comm.Barrier)
     out[f"paired:{op}"] = [comm.reduce(lib, op=MPI.MAX, root=0), comm.reduce(floor, op=MPI.MAX, root=0)]
 if rank == 0:
     print("RESULT " + json.dumps(out))
@@ -134,8 +132,11 @@ def run_mpich(p: int, sizes=SIZES, ops=OPS) -> dict | None:
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             raw = json.loads(line[len("RESULT "):])
-            return {(k.split(":")[0], int(k.split(":")[1]) if k.split(":")[1].isdigit() else k.split(":")[1]):
-                    tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+            out = {}
+            for key, v in raw.items():  # "op:nbytes" -> seconds, "paired:op" -> [collective, copies]
+                op, _, what = key.partition(":")
+                out[op, int(what) if what.isdigit() else what] = tuple(v) if isinstance(v, list) else v
+            return out
     print(f"(MPICH run failed, exit {proc.returncode}: {proc.stderr.strip()[-500:]})")
     return None
 
@@ -160,20 +161,18 @@ def _minidist_worker(sizes, ops, extra_algorithms):
         y = np.empty(k, np.float32)
         piece = np.ones(k // p, np.float32)
         out[op, n, alg] = _fastest_batch(_minidist_call(op, x, y, piece, alg), iterations(n), dist.barrier)
-    r = dist.get_rank()
+    def exchange(mine: tuple) -> list[tuple]:
+        table = np.zeros((p, len(mine)), np.int64)
+        dist.all_gather_into_tensor(table, np.array(mine, np.int64))
+        return [tuple(int(v) for v in row) for row in table]
+
     for op in COPIED:
-        n = SIZES[-1]
-        x, y, piece = np.zeros(n // 4, np.float32), np.ones(n // 4, np.float32), np.ones(n // 4 // p, np.float32)
-        me = np.array([os.getpid(), piece.ctypes.data, x.ctypes.data], np.int64)
-        table = np.zeros((p, 3), np.int64)
-        dist.all_gather_into_tensor(table, me)
-        peers = [tuple(int(v) for v in row) for row in table]
-        out["paired", op] = paired_with_copies(op, _minidist_call(op, x, y, piece, None), r, p, x, y, piece, peers,
-                                               dist.barrier)
+        out["paired", op] = paired_with_copies(op, lambda x, y, piece, op=op: _minidist_call(op, x, y, piece, None),
+                                               dist.get_rank(), p, exchange, dist.barrier)
     return out
 
 
-def paired_with_copies(op: str, call, r: int, p: int, x, y, piece, peers, sync) -> tuple[float, float]:
+def paired_with_copies(op: str, make_call, r: int, p: int, exchange, sync) -> tuple[float, float]:
     """(collective, copies alone) seconds per call at 64 MB, measured in the same processes on the same
     buffers, their batches alternating (the fastest batch of each counts).
 
@@ -181,8 +180,12 @@ def paired_with_copies(op: str, call, r: int, p: int, x, y, piece, peers, sync) 
     other block read straight from its owner with ``process_vm_readv``, then ``sync`` (a buffer may change
     only once its readers are done). Measured apart, minutes away, the two drift with the machine (a
     shared machine's memory bandwidth varies by 20% from one minute to the next); alternated batch by batch
-    they see the same machine, so the ratio is the library's own overhead. ``peers[q]`` = (pid, address
-    of ``piece``, address of ``x``) of rank q."""
+    they see the same machine, so the ratio is the library's own overhead. ``make_call(x, y, piece)`` gives
+    the library's call on the buffers; ``exchange`` is the library's all-gather of a tuple of ints."""
+    n = SIZES[-1]
+    x, y, piece = np.zeros(n // 4, np.float32), np.ones(n // 4, np.float32), np.ones(n // 4 // p, np.float32)
+    call = make_call(x, y, piece)
+    peers = exchange((os.getpid(), piece.ctypes.data, x.ctypes.data))
     blk = y.nbytes // p
     here = y.ctypes.data
 
@@ -230,13 +233,14 @@ def _fastest_batch(call, it: int, sync) -> tuple[float, float]:
 
 
 def run_minidist(p: int, sizes=SIZES, ops=OPS, extra_algorithms=("ring", "halving_doubling")) -> dict:
-    """{(op, nbytes, algorithm): (wall seconds per call on the slowest rank, mean CPU seconds per rank)}."""
+    """{(op, nbytes, algorithm): (wall seconds per call on the slowest rank, mean CPU seconds per rank)}, and
+    {("paired", op): (collective, copies) seconds per call on the slowest rank} (``paired_with_copies``)."""
     res = launch(_minidist_worker, p, args=(list(sizes), list(ops), list(extra_algorithms)), timeout=900)
-    out = {key: (max(r[key][0] for r in res), sum(r[key][1] for r in res) / p) for key in res[0]}
-    for key in res[0]:
-        if key[0] == "paired":
-            out[key] = (max(r[key][0] for r in res), max(r[key][1] for r in res))
-    return out
+    def second(key):  # CPU time: the mean over ranks; a paired key's copy time: the slowest rank's
+        values = [r[key][1] for r in res]
+        return max(values) if key[0] == "paired" else sum(values) / p
+
+    return {key: (max(r[key][0] for r in res), second(key)) for key in res[0]}
 
 
 def _mpi_backend_worker(sizes, ops, alg):
