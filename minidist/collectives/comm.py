@@ -82,10 +82,15 @@ class Comm:
         """
         return self._tp.isend(buf, self.ranks[peer], self._tag(tag), self._cursor.t, self._sig, self.name, True)
 
-    def irecv(self, buf: np.ndarray, peer: int, tag: int = 0, op: ReduceOp | None = None):
-        """Start receiving into ``buf``; with ``op``, combine the incoming data into ``buf`` in place."""
+    def irecv(self, buf: np.ndarray, peer: int, tag: int = 0, op: ReduceOp | None = None, held: bool = False):
+        """Start receiving into ``buf``; with ``op``, combine the incoming data into ``buf`` in place.
+
+        A ``held`` receive takes only its header when the message comes, and its bytes once ``wait_times``
+        has seen that header (or ``wait`` is called): a rank with sends still to offer offers them first.
+        """
         ufunc = None if op is None else op.ufunc
-        return self._tp.irecv(buf, self.ranks[peer], self._tag(tag), self._cursor.t, ufunc, self._sig, self.name)
+        return self._tp.irecv(buf, self.ranks[peer], self._tag(tag), self._cursor.t, ufunc, self._sig, self.name,
+                              held)
 
     def wait(self, *handles) -> None:
         """Wait for all ``handles``; the cursor moves to the latest of their completions."""
@@ -93,6 +98,23 @@ class Comm:
         if not hs:
             return
         self._tp.wait(hs)
+        self._advance(hs)
+
+    def wait_times(self, *handles, meanwhile=None) -> bool:
+        """Move the cursor as ``wait`` would, needing only when each message ends in simulated time.
+
+        Physical and simulated time are separate: a send's times are fixed when it is posted and a
+        receive's as soon as its header is in, so this can return while the bytes are still moving
+        (``wait`` the handles before using their buffers). A rank can then offer its next step's message
+        without first copying this step's bytes. ``meanwhile()`` (local work, run at most once) fills
+        the wait if a time is not known yet; returns whether it ran.
+        """
+        hs = [h for h in handles if h is not None]
+        ran = self._tp.wait_times(hs, meanwhile) if hs else False
+        self._advance(hs)
+        return ran
+
+    def _advance(self, hs) -> None:
         t = self._cursor.t
         for h in hs:
             if h.end > t:

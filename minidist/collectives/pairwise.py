@@ -39,18 +39,23 @@ def all_to_all(c: Comm, outs: list, ins: list) -> None:
 
 
 def _posted_early(c: Comm, outs: list, ins: list, keep_own) -> None:
-    """The same steps with every receive posted at the start, as MPI libraries do for large blocks.
+    """The same steps, each message offered as soon as its simulated start is known.
 
-    Each block is then read from its sender's memory as soon as the sender starts step k, instead of
-    when the receiver reaches step k: on fewer cores than ranks that removes a wait per step. The
-    simulated schedule is unchanged: step k still starts when step k-1 ended (``wait`` moves the
-    cursor to the latest of the step's completions and the cursor).
+    Step k starts (in simulated time) when step k-1 has ended, and that is known as soon as step
+    k-1's header is in: its bytes can come later. So the receives are posted at the start and held,
+    a step's send goes out as soon as the previous step's times are known (``wait_times``), and
+    only the bytes of steps already timed are read while waiting for the next header (each straight
+    from its sender's memory). This rank's own block is copied the first time a header is late.
+    No rank waits for a peer to reach step k before it reads its block, which on fewer cores than
+    ranks saves a wait per step; the simulated schedule is the one above, message for message.
     """
     p, r = c.size, c.rank
-    first = c.isend(ins[(r + 1) % p], (r + 1) % p)  # offered before any receive is posted (see Comm.sendrecv)
-    recvs = {k: c.irecv(outs[(r - k) % p], (r - k) % p) for k in range(1, p)}
+    recvs = [c.irecv(outs[(r - k) % p], (r - k) % p, held=True) for k in range(1, p)]
+    sends, local = [], keep_own
     for k in range(1, p):
-        send = first if k == 1 else c.isend(ins[(r + k) % p], (r + k) % p)
-        if k == 1:
-            keep_own()
-        c.wait(send, recvs[k])
+        sends.append(c.isend(ins[(r + k) % p], (r + k) % p))
+        if c.wait_times(sends[-1], recvs[k - 1], meanwhile=local):
+            local = None
+    if local is not None:
+        local()
+    c.wait(*sends, *recvs)

@@ -139,7 +139,7 @@ class InProcessTransport:
         return op
 
     def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
-              name: str = "recv") -> _Recv:
+              name: str = "recv", held: bool = False) -> _Recv:
         op = _Recv(src, tag, arr, ufunc, sig, name, ready)
         if src not in self.ex.simulated:
             sent = self.mirror_sent.get((tag, sig))
@@ -238,6 +238,12 @@ class InProcessTransport:
         for op in ops:
             if op.error is not None:
                 raise MismatchError(op.error)
+
+    def wait_times(self, ops, meanwhile=None) -> bool:
+        """Here a receive's header and bytes come together (an ``irecv``'s ``held`` changes nothing): wait for
+        all, leaving ``meanwhile`` to the caller."""
+        self.wait(ops)
+        return False
 
     def flush(self) -> None:
         """Finish every receive still in flight (the rank's function returned with some)."""

@@ -149,7 +149,7 @@ class MPITransport:
         return op
 
     def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
-              name: str = "recv") -> _Recv:
+              name: str = "recv", held: bool = False) -> _Recv:
         op = _Recv(src, tag, arr, ufunc, sig, name, ready)
         st = self.stash.get(src)
         if st:
@@ -312,6 +312,12 @@ class MPITransport:
             elif now - t0 > self.spin:  # polled long enough: nap, longer each time, up to NAP_MAX
                 nap = min(NAP_MAX, nap * 2 or 10e-6)
                 time.sleep(nap)
+
+    def wait_times(self, ops, meanwhile=None) -> bool:
+        """Here a receive's header and bytes come together (an ``irecv``'s ``held`` changes nothing): wait for
+        all, leaving ``meanwhile`` to the caller."""
+        self.wait(ops)
+        return False
 
     def _raise_failed(self, ops) -> None:
         for op in ops:

@@ -136,10 +136,10 @@ class SendOp:
 
 class RecvOp:
     __slots__ = ("peer", "tag", "buf", "bview", "flat", "ufunc", "sig", "name", "post", "end", "done", "off",
-                 "nbytes", "hdr", "error")
+                 "nbytes", "hdr", "error", "held")
 
-    def __init__(self, peer, tag, buf, ufunc, sig, name, post):
-        self.peer, self.tag, self.buf, self.ufunc = peer, tag, buf, ufunc
+    def __init__(self, peer, tag, buf, ufunc, sig, name, post, held=False):
+        self.peer, self.tag, self.buf, self.ufunc, self.held = peer, tag, buf, ufunc, held
         self.sig, self.name, self.post = sig, name, post
         self.flat = buf.reshape(-1)
         self.bview = self.flat.view(np.uint8)
@@ -187,10 +187,32 @@ class RecvOp:
         self.off = n
 
 
+class _Timing:
+    """A receive waited for only until its header is in (``Transport.wait_times``)."""
+
+    __slots__ = ("op",)
+    error = None
+
+    def __init__(self, op: RecvOp) -> None:
+        self.op = op
+
+    @property
+    def done(self) -> bool:
+        return self.op.done or self.op.hdr is not None
+
+    @property
+    def peer(self) -> int:
+        return self.op.peer
+
+    def describe(self) -> str:
+        return self.op.describe()
+
+
 class _Stash:
     """A message nobody asked for yet (another tag was awaited): kept as private bytes."""
 
     __slots__ = ("hdr", "sig", "data", "off", "nbytes", "peer")
+    held = False
 
     def __init__(self, hdr, sig, peer):
         self.hdr, self.sig, self.peer = hdr, sig, peer
@@ -384,9 +406,13 @@ class Transport:
         return op
 
     def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
-              name: str = "recv") -> RecvOp:
-        """Post a receive into ``arr`` (C-contiguous, writable); with ``ufunc`` reduce into it instead."""
-        op = RecvOp(src, tag, arr, ufunc, sig, name, ready)
+              name: str = "recv", held: bool = False) -> RecvOp:
+        """Post a receive into ``arr`` (C-contiguous, writable); with ``ufunc`` reduce into it instead.
+
+        A ``held`` receive takes its header when it comes but its bytes only once its times have been
+        asked for (``wait_times``) or it is waited for.
+        """
+        op = RecvOp(src, tag, arr, ufunc, sig, name, ready, held)
         st = self.stash.get(src)
         if st:
             for i, s in enumerate(st):
@@ -583,11 +609,15 @@ class Transport:
                             cur = _Discard(hdr, src)
                         else:
                             op.hdr = hdr
+                            arrival = hdr[3]
+                            op.end = arrival if arrival > op.post else op.post  # known now, before the bytes
                             cur = op
                         break
                 else:
                     cur = _Stash(hdr, sig, src)
                 self.cur_in[src] = cur
+            if cur.held:  # its bytes wait until the receive is waited for (see irecv)
+                break
             if cur.hdr[16]:  # the sender left the bytes in its own memory: read them from there
                 cur.take_from(self, self.peer_pid(src), cur.hdr[16])
             else:
@@ -694,6 +724,9 @@ class Transport:
             if self.failed:
                 self._raise_failed(ops)
             return
+        for op in ops:
+            if op.__class__ is RecvOp and op.held:
+                op.held = False
         timeout = self.timeout if timeout is None else timeout
         t0 = time.monotonic()
         deadline = t0 + timeout
@@ -747,6 +780,28 @@ class Transport:
                 for c, w in flags:
                     c[w] = 0
                 self.board.set_state(self.rank, shm.RUNNING)
+
+    def wait_times(self, ops, meanwhile=None) -> bool:
+        """Wait until every op's simulated end is known: a send's is from the start, a receive's once its
+        header is in. A held receive is then released: its bytes are taken by any later progress pass
+        (``wait`` finishes them). ``meanwhile()``, if given, runs first when a time is not known yet
+        (local work instead of an idle wait); returns whether it ran."""
+        pending = [op for op in ops if op.__class__ is RecvOp and not op.done and op.hdr is None]
+        ran = False
+        if pending and meanwhile is not None:
+            self.progress()
+            pending = [op for op in pending if not op.done and op.hdr is None]
+            if pending:
+                meanwhile()
+                ran = True
+        if pending:
+            self.wait([_Timing(op) for op in pending])
+        for op in ops:
+            if op.error is not None and op in self.failed:
+                self.wait([op])  # raises what went wrong
+            if op.__class__ is RecvOp:
+                op.held = False
+        return ran
 
     def _raise_failed(self, ops) -> None:
         for op in ops:
