@@ -53,6 +53,11 @@ The functions and what they receive (arrays are C-contiguous; ``root`` is a grou
 * ``c.wait(*handles)`` blocks until they complete and moves the cursor ``c.now`` to the latest
   completion. ``c.send``, ``c.recv`` and ``c.sendrecv(sendbuf, dst, recvbuf, src, tag=0, op=None)``
   are the blocking forms (``sendrecv`` runs both at once: one step of a ring);
+* ``c.wait_times(*handles, meanwhile=None)`` moves the cursor as ``wait`` would but needs only each
+  message's simulated times (a receive's come with its header), not its bytes; with
+  ``irecv(..., held=True)`` a receive takes its bytes only after that, so a rank offers its next
+  step's send first (``pairwise.py`` does this for large blocks). Wait the handles before using the
+  buffers;
 * ``c.sub(members)`` a Comm over a subset (group-local indices) sharing the cursor, for
   hierarchical algorithms; every member must call it with the same list.
 
