@@ -616,7 +616,7 @@ class Transport:
                 else:
                     cur = _Stash(hdr, sig, src)
                 self.cur_in[src] = cur
-            if cur.held:  # its bytes wait until the receive is waited for (see irecv)
+            if cur.held:  # its bytes wait until its times have been asked for (see irecv)
                 break
             if cur.hdr[16]:  # the sender left the bytes in its own memory: read them from there
                 cur.take_from(self, self.peer_pid(src), cur.hdr[16])
