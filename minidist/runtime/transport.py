@@ -846,7 +846,8 @@ class Transport:
                 continue
             st = board.state(op.peer)
             if st == shm.FINISHED or st == shm.FAILED:
-                if self.progress() and op.done:  # its last words may have arrived meanwhile
+                self.progress()
+                if op.done:  # its last words arrived meanwhile (a held receive's header moves nothing)
                     continue
                 self._raise_if_mismatch()
                 raise PeerExitedError(
