@@ -287,3 +287,26 @@ def _held_header_from_a_rank_that_left():
 def test_a_held_receive_finds_the_header_of_a_sender_that_has_left():
     x, _ = launch(_held_header_from_a_rank_that_left, 2, timeout=30)
     np.testing.assert_array_equal(x, np.arange(4.0))
+
+
+def _refused_by_a_rank_that_then_failed():
+    import time
+
+    from minidist.runtime import shm
+    from minidist.runtime.context import current
+
+    tp = current().transport
+    if dist.get_rank() == 1:
+        dist.recv(np.zeros(5), 0, tag=3)  # does not fit: refused, and rank 1 fails with a MismatchError
+        return
+    op = tp.isend(np.zeros(4), 1, tag=3, ready=0.0)
+    while tp.board.state(1) != shm.FAILED:  # no progress pass until the receiver has refused and failed
+        time.sleep(0.01)
+    tp._check_peers([op])  # the refusal is the cause, not the receiver's exit
+
+
+def test_a_send_refused_by_a_rank_that_failed_reports_the_refusal():
+    with pytest.raises(RankError) as info:
+        launch(_refused_by_a_rank_that_then_failed, 2, timeout=30)
+    errors = info.value.errors
+    assert errors[0][0] == "MismatchError" and "does not fit" in errors[0][1], errors[0]

@@ -837,6 +837,9 @@ class Transport:
         """
         board = self.board
         if board.q[0]:  # the abort word
+            self.progress()  # a peer that failed over our message refused it first: that refusal is our report
+            if self.failed:
+                self._raise_failed(ops)
             msg = board.aborted()
             if board.abort_is_mismatch():
                 raise MismatchError(msg)
@@ -846,8 +849,10 @@ class Transport:
                 continue
             st = board.state(op.peer)
             if st == shm.FINISHED or st == shm.FAILED:
-                self.progress()
-                if op.done:  # its last words arrived meanwhile (a held receive's header moves nothing)
+                self.progress()  # its last words may have come meanwhile: a refusal, or what we wait for
+                if self.failed:
+                    self._raise_failed(ops)
+                if op.done:  # (a held receive's header counts, though taking it moved nothing)
                     continue
                 self._raise_if_mismatch()
                 raise PeerExitedError(
