@@ -1,11 +1,14 @@
 """Point-to-point messages: shapes, dtypes, tags, chunking, Tensors, mismatches (lab 00)."""
 
+import time
+
 import numpy as np
 import pytest
 
 import minidist.dist as dist
 from minidist.hardware.cluster import Cluster
-from minidist.runtime import RankError, launch
+from minidist.runtime import RankError, launch, shm, transport
+from minidist.runtime.context import current
 from minidist.runtime.shm import default_layout
 
 DTYPES = [np.float64, np.float32, np.float16, np.int64, np.int32, np.uint8, np.complex64, np.bool_]
@@ -262,11 +265,6 @@ def test_a_tag_mismatch_names_the_tag_that_was_sent():
 
 
 def _held_header_from_a_rank_that_left():
-    import time
-
-    from minidist.runtime import shm, transport
-    from minidist.runtime.context import current
-
     tp = current().transport
     x = np.zeros(4)
     if dist.get_rank() == 1:
@@ -290,11 +288,6 @@ def test_a_held_receive_finds_the_header_of_a_sender_that_has_left():
 
 
 def _refused_by_a_rank_that_then_failed():
-    import time
-
-    from minidist.runtime import shm
-    from minidist.runtime.context import current
-
     tp = current().transport
     if dist.get_rank() == 1:
         dist.recv(np.zeros(5), 0, tag=3)  # does not fit: refused, and rank 1 fails with a MismatchError

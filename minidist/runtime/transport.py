@@ -837,9 +837,7 @@ class Transport:
         """
         board = self.board
         if board.q[0]:  # the abort word
-            self.progress()  # a peer that failed over our message refused it first: that refusal is our report
-            if self.failed:
-                self._raise_failed(ops)
+            self._last_words(ops)
             msg = board.aborted()
             if board.abort_is_mismatch():
                 raise MismatchError(msg)
@@ -849,9 +847,7 @@ class Transport:
                 continue
             st = board.state(op.peer)
             if st == shm.FINISHED or st == shm.FAILED:
-                self.progress()  # its last words may have come meanwhile: a refusal, or what we wait for
-                if self.failed:
-                    self._raise_failed(ops)
+                self._last_words(ops)
                 if op.done:  # (a held receive's header counts, though taking it moved nothing)
                     continue
                 self._raise_if_mismatch()
@@ -867,6 +863,14 @@ class Transport:
                 got = board.lookup_crc(r, key) if r != self.rank else None
                 if got is not None and got[0] == seq and got[1] != mine:
                     self._disagree(r, key, sig)
+
+    def _last_words(self, ops) -> None:
+        """One more progress pass before blaming a peer that failed or left: what it sent last may be what we
+        wait for, or a refusal of our message, which a peer that failed over it sent first and which is then the
+        report (raised here)."""
+        self.progress()
+        if self.failed:
+            self._raise_failed(ops)
 
     def _raise_if_mismatch(self) -> None:
         """A peer that failed over a disagreeing call marked the abort word before it marked itself failed.
