@@ -141,6 +141,38 @@ def test_notebook_cell_function_under_spawn(tmp_path):
     assert streams[0]["text"] == "[2.0, 5.0]\n"
 
 
+UNGUARDED_SCRIPT = """
+import sys
+import numpy as np
+import minidist as md
+
+print("top level", flush=True)  # no `if __name__ == "__main__"`: a learner's quick script
+
+class Box:
+    def __init__(self, v):
+        self.v = v
+
+def body(box):
+    x = np.ones(3) * (md.dist.get_rank() + 1)
+    md.dist.all_reduce(x)
+    return Box(box.v + float(x[0]))
+
+out = md.launch(body, 2, args=(Box(10),), start_method=sys.argv[1], timeout=60)
+print([b.v for b in out], all(type(b) is Box for b in out))
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path, method):
+    """Ranks started fresh do not re-run the launching script (Python's spawn would, and a script without the
+    `__main__` guard then fails in every rank); a class of the script comes back as that class, as under fork."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True, timeout=120, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "top level\n[13.0, 13.0] True\n", done.stdout + done.stderr[-2000:]
+
+
 def test_unpicklable_function_under_spawn_is_refused_before_starting(no_leaks):
     numbers = (i for i in range(3))  # a generator cannot be pickled
     with pytest.raises(TypeError, match="must be picklable to start ranks with start_method='spawn'"):

@@ -20,10 +20,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 
 import dill
 import multiprocess
 from multiprocess import resource_tracker
+from multiprocess import spawn as mp_spawn
 from multiprocess.connection import wait as mp_wait
 
 from minidist.hardware.cluster import Cluster
@@ -99,6 +101,38 @@ class _Segment:
             if self.tracked:
                 resource_tracker.unregister(self.name, "shared_memory")
             self.name = None
+
+
+@contextmanager
+def _spawning():
+    """While ranks are started fresh (spawn, forkserver): one BLAS thread each, and no re-run of ``__main__``.
+
+    A spawned child normally re-runs the parent's script before its target, which is why Python asks scripts
+    to guard their top level with ``if __name__ == "__main__"``. A rank needs nothing from the script: ``fn``
+    arrives by value with the globals it uses (pickling.py), as it must from a notebook, which has no file to
+    re-run. So a script without the guard works under spawn (macOS's and Windows' default) as under fork, and
+    its top level (loading data, say) runs once, not once per rank.
+    """
+    saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
+    os.environ.update({k: "1" for k in _BLAS_ENV})
+    plain = mp_spawn.get_preparation_data
+
+    def without_main(name):
+        data = plain(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mp_spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        mp_spawn.get_preparation_data = plain
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 class _Interrupts:
@@ -365,8 +399,10 @@ def launch(
     report of who waits for whom; once a rank has returned, the others have ``timeout`` seconds to
     return too. ``deadline`` (seconds, default none) bounds the whole launch. A rank that overstays
     either limit is stopped and reported with the line it was running. ``start_method`` is "fork"
-    (default on Linux: fast) or "spawn". ``backend="mpi"`` starts the ranks with ``mpiexec`` instead, one MPI
-    process each, exchanging their messages over MPI (``mpi_launch.py``; the simulated clocks run as usual);
+    (default on Linux: fast), "spawn" (the default elsewhere) or "forkserver"; ranks started fresh get ``fn`` by
+    value and do not re-run the launching script, so it needs no ``if __name__ == "__main__"`` guard.
+    ``backend="mpi"`` starts the ranks with ``mpiexec`` instead, one MPI process each, exchanging their messages
+    over MPI (``mpi_launch.py``; the simulated clocks run as usual);
     ``backend="inprocess"`` runs them as threads of this process taking turns (``inprocess_launch.py``: the same
     results and clocks, no process started, for shape-only runs of many ranks); with it, ``represent`` maps each
     rank to the rank that stands for it, and only those run (shape-only arrays, symmetric collectives: see
@@ -427,10 +463,7 @@ def launch(
         try:
             for _ in range(world_size):
                 bells.append(Doorbell())
-            saved_env = {k: os.environ.get(k) for k in _BLAS_ENV}
-            if not fork:
-                os.environ.update({k: "1" for k in _BLAS_ENV})
-            try:
+            with nullcontext() if fork else _spawning():
                 for r in range(world_size):
                     rd, wr = mp.Pipe(duplex=False)
                     p = mp.Process(target=rank_main, name=f"minidist-rank-{r}", daemon=True,
@@ -441,13 +474,6 @@ def launch(
                     procs.append(p)
                     readers[rd] = r
                     interrupts.check()
-            finally:
-                if not fork:
-                    for k, v in saved_env.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
             ranks.collect(interrupts)
         finally:
             for p in procs:

@@ -11,6 +11,10 @@ to travel by value. Two choices make that work where dill's defaults do not:
   dill copies a module's whole namespace by value when it is not installed under the interpreter's
   prefix, which is the case for minidist itself under an editable install; such a copy drags
   unpicklable objects along (numpy ufuncs made by ``np.vectorize``, locks).
+
+A class of ``__main__`` travels by value too, and the rank puts it into its own ``__main__`` under its name
+(``loads``). An object of that class the rank returns is then pickled by name, as under fork, and the launcher
+gets it back as an instance of its own class, not of a copy (``isinstance`` holds).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import types
 
 import dill
+from dill._dill import _create_type
 from dill._dill import save_module as _dill_save_module
 
 
@@ -47,8 +52,24 @@ def dumps(obj: object) -> bytes:
     return buf.getvalue()
 
 
+def _create_main_type(typeobj, *args):
+    cls = _create_type(typeobj, *args)
+    main = sys.modules["__main__"]
+    if cls.__module__ == "__main__" and cls.__qualname__ == cls.__name__ and not hasattr(main, cls.__name__):
+        setattr(main, cls.__name__, cls)
+    return cls
+
+
+class _Unpickler(dill.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module == "dill._dill" and name == "_create_type":
+            return _create_main_type
+        return super().find_class(module, name)
+
+
 def loads(data: bytes) -> object:
-    return dill.loads(data)
+    """Unpickle what ``dumps`` made; classes of the launcher's ``__main__`` join this process's ``__main__``."""
+    return _Unpickler(io.BytesIO(data)).load()
 
 
 def dumps_report(obj: object) -> bytes:
