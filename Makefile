@@ -13,7 +13,7 @@ PAR    := $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 # The torch used by `make bench` for the autograd ratio; set TORCH= to skip it.
 TORCH  ?= torch==2.13.0
 
-.PHONY: help venv lab check test test-slow test-fast test-portability test-browser bench labs labs-check lint clean
+.PHONY: help venv lab check test test-slow test-fast test-portability test-pythons test-browser bench labs labs-check lint clean
 
 help:
 	@echo "make lab        create .venv, install minidist, open JupyterLab on labs/"
@@ -25,6 +25,7 @@ help:
 	@echo "make labs       regenerate labs/ from solutions/"
 	@echo "make labs-check fail if labs/ is out of date with solutions/"
 	@echo "make test-portability  nbval under other BLAS kernels and SIMD levels (maintainers, by hand)"
+	@echo "make test-pythons  make test under Python 3.10, 3.12 and 3.13, each in its own venv (maintainers, by hand)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,14 +72,25 @@ test-fast: $(STAMP)
 	$(SERIAL) $(BIN)/python -m pytest -q -x --ignore=tests/browser tests
 
 # Saved outputs must not depend on the CPU. This reruns nbval as if on other machines: other OpenBLAS
-# kernels, and numpy without its AVX-512/AVX2 loops. Slow (one full nbval run per setting); not in CI.
+# kernels, numpy without its AVX-512/AVX2 loops, and ranks started by spawn (macOS's and Windows' default).
+# Slow (one full nbval run per setting); not in CI.
 PORTABILITY := "OPENBLAS_CORETYPE=Haswell" "OPENBLAS_CORETYPE=Zen" "OPENBLAS_CORETYPE=Sandybridge" \
   "OPENBLAS_CORETYPE=Haswell NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL" \
-  "OPENBLAS_CORETYPE=Sandybridge NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL,X86_V3"
+  "OPENBLAS_CORETYPE=Sandybridge NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL,X86_V3" \
+  "MINIDIST_START_METHOD=spawn"
 test-portability: $(STAMP)
 	@status=0; for setting in $(PORTABILITY); do echo "== $$setting"; \
 	  out=$$(env $(SERIAL) $$setting $(BIN)/python -m pytest -q --nbval --nbval-current-env -p tests.nb_kernels solutions/ 2>&1) \
 	    || status=1; echo "$$out" | grep -E "^FAILED|passed|failed"; done; exit $$status
+
+# make test under other Pythons, each in its own venv (.venv-3.X); maintainers, by hand, not in CI. PYTHONS lists
+# the interpreters (default: python3.10, 3.12 and 3.13 where they are on PATH).
+PYTHONS ?= $(foreach v,3.10 3.12 3.13,$(shell command -v python$(v)))
+test-pythons:
+	@test -n "$(strip $(PYTHONS))" || { echo "no other Python found: make test-pythons PYTHONS='/path/to/python3.X ...'"; exit 2; }
+	@status=0; for py in $(PYTHONS); do v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])') || exit 2; \
+	  echo "== Python $$v ($$py)"; $(MAKE) --no-print-directory test PYTHON=$$py VENV=.venv-$$v || status=1; done; \
+	  exit $$status
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
@@ -98,4 +110,4 @@ test-browser: $(STAMP)
 	$(SERIAL) $(BIN)/python -m pytest -q tests/browser
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-3.* build *.egg-info

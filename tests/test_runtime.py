@@ -1,6 +1,7 @@
 """launch(): results, printed output, fork and spawn, failures that answer instead of hanging (lab 00)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,6 +108,13 @@ def test_spawn_start_method(no_leaks):
     assert list(res) == [1000.0, 0.0]
 
 
+def test_spawned_ranks_have_time_to_start_whatever_the_timeout(no_leaks):
+    """A fresh interpreter imports numpy and minidist before its rank starts (seconds, when several start at once
+    on a busy machine): neither that nor a peer still starting is a rank overstaying a short timeout."""
+    res = launch(_identity, 3, args=(7,), timeout=0.05, start_method="spawn")
+    assert list(res) == [(7, 3), (8, 3), (9, 3)]
+
+
 NOTEBOOK_CELL = """
 import numpy as np
 import minidist as md
@@ -171,6 +179,21 @@ def test_a_script_without_a_main_guard_runs_its_top_level_once(tmp_path, method)
     done = subprocess.run([sys.executable, str(script), method], capture_output=True, timeout=120, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == "top level\n[13.0, 13.0] True\n", done.stdout + done.stderr[-2000:]
+
+
+def test_the_default_start_method_can_be_chosen_by_the_environment(monkeypatch):
+    """MINIDIST_START_METHOD=spawn lets Linux run code as macOS and Windows would (test-portability uses it)."""
+    from minidist.runtime.launch import default_start_method
+
+    monkeypatch.delenv("MINIDIST_START_METHOD", raising=False)
+    assert default_start_method() == ("fork" if sys.platform.startswith("linux") else "spawn")
+    monkeypatch.setenv("MINIDIST_START_METHOD", "spawn")
+    assert default_start_method() == "spawn"
+    assert list(launch(_spawn_body, 2, args=(10,))) == [10.0, 0.0]
+    monkeypatch.setenv("MINIDIST_START_METHOD", "fork()")
+    with pytest.raises(ValueError, match=re.escape("MINIDIST_START_METHOD must be 'fork', 'spawn' or 'forkserver', "
+                                                   "got 'fork()'")):
+        launch(_spawn_body, 2, args=(10,))
 
 
 def test_unpicklable_function_under_spawn_is_refused_before_starting(no_leaks):

@@ -41,6 +41,9 @@ from minidist.runtime.transport import SETTLE_S
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one rank has failed
+# seconds a rank started fresh (spawn, forkserver) may take to start, at least: a new interpreter imports numpy and
+# minidist first, which takes seconds when several start at once on a busy machine
+FRESH_START_S = 60.0
 
 
 class LaunchResult(Sequence):
@@ -101,6 +104,17 @@ class _Segment:
             if self.tracked:
                 resource_tracker.unregister(self.name, "shared_memory")
             self.name = None
+
+
+def default_start_method() -> str:
+    """fork on Linux (fast), spawn elsewhere; ``MINIDIST_START_METHOD`` overrides it, so that code meant for macOS or
+    Windows can be tried on Linux (``make test-portability`` runs the notebooks so)."""
+    chosen = os.environ.get("MINIDIST_START_METHOD")
+    if chosen:
+        if chosen not in ("fork", "spawn", "forkserver"):
+            raise ValueError(f"launch: MINIDIST_START_METHOD must be 'fork', 'spawn' or 'forkserver', got {chosen!r}")
+        return chosen
+    return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 @contextmanager
@@ -240,14 +254,16 @@ class _Ranks:
     the launch's limits (``timeout`` after the first rank returned, ``deadline`` overall).
     """
 
-    def __init__(self, world, procs, readers, board, bells, seg, live, timeout, deadline) -> None:
+    def __init__(self, world, procs, readers, board, bells, seg, live, timeout, deadline, fork: bool) -> None:
         self.world, self.procs, self.readers, self.board, self.bells = world, procs, readers, board, bells
         self.seg, self.live, self.timeout, self.deadline = seg, live, timeout, deadline
+        self.fork = fork
+        self.start_s = timeout if fork else max(timeout, FRESH_START_S)
         self.values, self.times, self.memory, self.events, self.stdout = {}, {}, {}, {}, {}
         self.errors, self.order = {}, []  # rank -> (name, message, traceback, pickled exception); failure order
         self.ready, self.stacks = set(), {}
         self.t0 = time.monotonic()
-        self.first_done = self.failed_at = None
+        self.first_done = self.failed_at = self.all_ready = None
 
     # -- what the ranks send -----------------------------------------------------------------
     def handle(self, conn) -> None:
@@ -262,6 +278,7 @@ class _Ranks:
             self.ready.add(r)
             if len(self.ready) == self.world:
                 self.seg.unlink()  # every rank has it mapped now (under fork it already is unlinked)
+                self.all_ready = time.monotonic()
         elif kind == "ok":
             _, _, self.values[r], self.times[r], self.memory[r], self.events[r], self.stdout[r] = msg
             self.first_done = time.monotonic() if self.first_done is None else self.first_done
@@ -298,14 +315,16 @@ class _Ranks:
         """
         if len(self.ready) == self.world or self.failed_at is not None:
             return None
-        left = self.t0 + self.timeout - time.monotonic()
+        left = self.t0 + self.start_s - time.monotonic()
         if left > 0:
             return left
+        why = ("under the fork start method a lock another thread of this process held at the fork can do that: "
+               "retry, or use start_method='spawn'" if self.fork else
+               "a fresh interpreter was still importing, or stuck there: is the machine overloaded?")
         for r in range(self.world):
             if r not in self.ready and r not in self.errors:
-                self.fail(r, "StartTimeout", f"rank {r} did not start within {self.timeout:g} s (stuck before running "
-                          f"fn; under the fork start method a lock another thread of this process held at the "
-                          f"fork can do that: retry, or use start_method='spawn')")
+                self.fail(r, "StartTimeout", f"rank {r} did not start within {self.start_s:g} s (stuck before running "
+                          f"fn; {why})")
         self.stop_all("a rank did not start")
         return 0.0
 
@@ -313,8 +332,10 @@ class _Ranks:
         """Seconds left before the running ranks overstay (None: no limit applies yet)."""
         overall = math.inf if self.deadline is None else self.t0 + self.deadline
         # a rank's own timeout report (which says what everyone was doing) comes first: it may look SETTLE_S longer,
-        # and as long again is left for it to arrive
-        after_first = math.inf if self.first_done is None else self.first_done + self.timeout + 2 * SETTLE_S
+        # and as long again is left for it to arrive. A rank still starting (a spawned one can take seconds) is not
+        # late yet: the others' time counts from when the last one started.
+        after_first = math.inf if self.first_done is None or self.all_ready is None else \
+            max(self.first_done, self.all_ready) + self.timeout + 2 * SETTLE_S
         due = min(overall, after_first)
         if self.failed_at is not None or due == math.inf:
             return None
@@ -440,7 +461,7 @@ def launch(
     if start_method not in (None, "fork", "spawn", "forkserver"):
         raise ValueError(f"launch: start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}")
     if start_method is None:
-        start_method = "fork" if sys.platform.startswith("linux") else "spawn"
+        start_method = default_start_method()
     mp = multiprocess.get_context(start_method)
     payload = (fn, args, kwargs)
     if start_method != "fork":
@@ -459,7 +480,7 @@ def launch(
         procs, readers, bells = [], {}, []
         board = shm.Board(mm, layout)
         live = LiveView(world_size, quiet)
-        ranks = _Ranks(world_size, procs, readers, board, bells, seg, live, timeout, deadline)
+        ranks = _Ranks(world_size, procs, readers, board, bells, seg, live, timeout, deadline, fork)
         try:
             for _ in range(world_size):
                 bells.append(Doorbell())
