@@ -196,6 +196,17 @@ def test_the_default_start_method_can_be_chosen_by_the_environment(monkeypatch):
         launch(_spawn_body, 2, args=(10,))
 
 
+def test_without_posix_a_launch_says_what_to_do_instead(monkeypatch):
+    """Native Windows has no POSIX shared memory, poll on pipes or signals to stop a rank: launch says so at once
+    and names the two ways out, one of which (threads taking turns) runs there."""
+    launching = sys.modules["minidist.runtime.launch"]  # the module: the package's `launch` is the function
+    monkeypatch.setattr(launching, "_POSIX", False)
+    with pytest.raises(OSError, match="needs Linux or macOS; on Windows run minidist under WSL, or pass "
+                                      "backend='inprocess'"):
+        launch(_identity, 2, args=(1,))
+    assert list(launch(_identity, 2, args=(1,), backend="inprocess")) == [(1, 2), (2, 2)]
+
+
 def test_unpicklable_function_under_spawn_is_refused_before_starting(no_leaks):
     numbers = (i for i in range(3))  # a generator cannot be pickled
     with pytest.raises(TypeError, match="must be picklable to start ranks with start_method='spawn'"):

@@ -44,6 +44,8 @@ GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one ra
 # seconds a rank started fresh (spawn, forkserver) may take to start, at least: a new interpreter imports numpy and
 # minidist first, which takes seconds when several start at once on a busy machine
 FRESH_START_S = 60.0
+# ranks as processes need POSIX: shared memory by name, pipes to poll, signals to stop them and ask where they are
+_POSIX = os.name == "posix"
 
 
 class LaunchResult(Sequence):
@@ -448,6 +450,10 @@ def launch(
         raise ValueError(f"launch: deadline must be None or a positive number of seconds, got {deadline!r}")
     if backend not in ("sim", "mpi", "inprocess"):
         raise ValueError(f"launch: backend must be 'sim' (shared memory), 'mpi' or 'inprocess', got {backend!r}")
+    if backend != "inprocess" and not _POSIX:
+        raise OSError(f"launch: backend={backend!r} runs each rank as a process, which needs Linux or macOS; on "
+                      f"Windows run minidist under WSL, or pass backend='inprocess' (every rank a thread of this "
+                      f"process, taking turns: the same results and clocks)")
     if represent is not None and backend != "inprocess":
         raise ValueError("launch: represent= needs backend='inprocess' (the other backends run every rank)")
     if backend == "inprocess":
