@@ -46,14 +46,18 @@ def _rank_memory(layout: ParallelConfig):
         gc.collect()
 
     step()  # the optimizer state exists from here on
-    resident = tracemalloc.get_traced_memory()[0]
+    # the equation is about arrays: numpy's own allocations (its tracemalloc domain), not the Python objects around
+    # them, whose size varies with the Python version (3.10's took the ZeRO-3 figure 15% over)
+    arrays = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
+    resident = sum(t.size for t in arrays.traces)
+    everything = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
     step()
-    peak = tracemalloc.get_traced_memory()[1]
+    peak = tracemalloc.get_traced_memory()[1]  # of everything: tracemalloc keeps no peak per domain
     tracemalloc.stop()
     units = getattr(par.reducer, "units", [])
     largest_unit = max((u.padded * u.itemsize for u in units), default=0)
-    return resident, peak, n_params, largest_unit
+    return resident, everything, peak, n_params, largest_unit
 
 
 @pytest.mark.parametrize("flavour, kept", [  # 4 s each: make test runs the two ends, make test-slow the middle ones
@@ -64,10 +68,10 @@ def _rank_memory(layout: ParallelConfig):
 def test_a_rank_really_allocates_the_sharded_model_state(flavour, kept):
     dp = md.launch(_rank_memory, world_size=4, args=(ParallelConfig(dp=4),))
     sharded = md.launch(_rank_memory, world_size=4, args=(ParallelConfig(dp=4, **flavour),))
-    n_params = dp[0][2]
-    for (dp_resident, dp_peak, _, _), (resident, peak, _, unit) in zip(dp, sharded):
+    n_params = dp[0][3]
+    for (dp_resident, dp_all, dp_peak, _, _), (resident, every, peak, _, unit) in zip(dp, sharded):
         assert dp_resident >= 4 * 8 * n_params * 0.99  # weights, gradients, two moments: 32 bytes per parameter
         root = 2 * unit if flavour.get("fsdp") else 0  # FSDP's root unit may stay gathered with one more
-        assert abs(resident - kept * dp_resident) <= 0.1 * kept * dp_resident + root, (resident, dp_resident)
+        assert abs(resident - kept * dp_resident) <= 0.02 * kept * dp_resident + root, (resident, dp_resident)
         if "fsdp" in flavour or flavour.get("zero_stage") == 3:
-            assert peak - resident < dp_peak - dp_resident + 3 * unit  # a step adds activations and a few units
+            assert peak - every < dp_peak - dp_all + 3 * unit  # a step adds activations and a few units
