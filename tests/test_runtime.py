@@ -111,7 +111,7 @@ def test_spawn_start_method(no_leaks):
 def test_spawned_ranks_have_time_to_start_whatever_the_timeout(no_leaks):
     """A fresh interpreter imports numpy and minidist before its rank starts (seconds, when several start at once
     on a busy machine): neither that nor a peer still starting is a rank overstaying a short timeout."""
-    res = launch(_identity, 3, args=(7,), timeout=0.05, start_method="spawn")
+    res = launch(_identity, 3, args=(7,), timeout=0.3, start_method="spawn")
     assert list(res) == [(7, 3), (8, 3), (9, 3)]
 
 
