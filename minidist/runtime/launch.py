@@ -40,6 +40,7 @@ from minidist.runtime.rank_process import rank_main
 from minidist.runtime.transport import SETTLE_S
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+START_METHODS = ("fork", "spawn", "forkserver")
 GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one rank has failed
 # seconds a rank started fresh (spawn, forkserver) may take to start, at least: a new interpreter imports numpy and
 # minidist first, which takes seconds when several start at once on a busy machine
@@ -113,7 +114,7 @@ def default_start_method() -> str:
     Windows can be tried on Linux (``make test-portability`` runs the notebooks so)."""
     chosen = os.environ.get("MINIDIST_START_METHOD")
     if chosen:
-        if chosen not in ("fork", "spawn", "forkserver"):
+        if chosen not in START_METHODS:
             raise ValueError(f"launch: MINIDIST_START_METHOD must be 'fork', 'spawn' or 'forkserver', got {chosen!r}")
         return chosen
     return "fork" if sys.platform.startswith("linux") else "spawn"
@@ -464,7 +465,7 @@ def launch(
         if start_method is not None:
             raise ValueError("launch: start_method applies to backend='sim' only (mpiexec starts MPI ranks)")
         return launch_mpi(fn, world_size, args, kwargs, cluster, timeout, quiet, deadline)
-    if start_method not in (None, "fork", "spawn", "forkserver"):
+    if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"launch: start_method must be 'fork', 'spawn' or 'forkserver', got {start_method!r}")
     if start_method is None:
         start_method = default_start_method()
