@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -378,6 +379,22 @@ def _launching(tmp_path):
     return proc
 
 
+def _lasting_segments(before: set[str], wait: float = 2.0) -> set[str]:
+    """MPI shared-memory files in /dev/shm that were not in ``before`` and are still there after ``wait`` s.
+
+    A running job's segments live for microseconds under a name (UCX unlinks its own once set up), so one that
+    lasts is left behind; another test's job beside this one can only add one that it leaked itself."""
+    from minidist.runtime.mpi_launch import MPI_SEGMENT_PREFIXES
+
+    def now() -> set[str]:
+        return {p for p in glob.glob("/dev/shm/*") if p.startswith(MPI_SEGMENT_PREFIXES)} - before
+
+    end = time.monotonic() + wait
+    while now() and time.monotonic() < end:
+        time.sleep(0.05)
+    return now()
+
+
 def _gone(launcher: int, deadline: float = 3.0) -> bool:
     end = time.monotonic() + deadline
     while time.monotonic() < end:
@@ -391,6 +408,7 @@ def _gone(launcher: int, deadline: float = 3.0) -> bool:
                                                              marks=pytest.mark.slow)])
 def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
     """Ctrl-C (SIGINT) while mpiexec starts or the ranks run: KeyboardInterrupt within 1 s, no rank left."""
+    before = _lasting_segments(set(), wait=0)
     for delay in delays:
         proc = _launching(tmp_path)
         time.sleep(delay)
@@ -405,16 +423,77 @@ def test_interrupting_an_mpi_launch_stops_every_rank(tmp_path, delays):
         assert float(out) - t0 < 1.0, f"launch raised {float(out) - t0:.2f} s after the interrupt"  # not at exit
         assert _gone(proc.pid), f"ranks left after an interrupt {delay} s in"
         assert _leftovers(proc.pid)[1] == []
+        assert _lasting_segments(before) == set(), f"shared memory left after an interrupt {delay} s in"
 
 
 @pytest.mark.parametrize("delays", [[1.0], pytest.param([i * 0.25 for i in range(12)], marks=pytest.mark.slow)])
 def test_a_killed_launcher_takes_its_mpi_ranks_with_it(tmp_path, delays):
+    before, killed = _lasting_segments(set(), wait=0), []
     for delay in delays:
         proc = _launching(tmp_path)
         time.sleep(delay)
         proc.kill()
         proc.communicate()
         assert _gone(proc.pid), f"MPI ranks orphaned by a launcher killed {delay} s in"
+        assert _lasting_segments(before) == set(), f"shared memory left by a launcher killed {delay} s in"
+        killed.append(proc.pid)
+    # A launcher killed before mpiexec started a rank leaves its job's folder to the next MPI launch, which removes it.
+    assert launch(lambda: 1, 1, backend="mpi").values == [1]
+    assert [_leftovers(pid) for pid in killed] == [([], [])] * len(killed)
+
+
+def test_the_segments_a_rank_leaves_are_found_open_or_mapped():
+    """A segment caught between its creation and its unlink (open, not yet mapped) is found as a mapped one is;
+    a file of the user's with another name is not, nor one already unlinked."""
+    import mmap
+
+    from minidist.runtime.mpi_launch import mpi_segments
+
+    tag = f"{os.getpid()}_{time.monotonic_ns()}"
+    held, mapped, users = (f"/dev/shm/ucx_shm_posix_{tag}", f"/dev/shm/mpich_shm_{tag}", f"/dev/shm/mine_{tag}")
+    fds = []
+    try:
+        for path in (held, mapped, users):
+            fds.append(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+            os.ftruncate(fds[-1], 4096)
+        view = mmap.mmap(fds[1], 4096)
+        os.close(fds.pop(1))  # mapped only
+        gone = f"/dev/shm/ucx_shm_posix_gone_{tag}"
+        fds.append(os.open(gone, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        os.unlink(gone)  # open, but already unlinked: nothing to remove
+        found = {p for p in mpi_segments() if tag in p}
+        assert found == {held, mapped}
+        assert {p for p in mpi_segments(os.getpid()) if tag in p} == found
+        view.close()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for path in (held, mapped, users):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_an_mpi_launch_clears_what_an_abandoned_job_left():
+    """The folder and recorded segment of a job whose launcher died go with the next MPI launch; a folder whose
+    launcher is alive (this process's own, say) stays."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tag = f"{os.getpid()}_{time.monotonic_ns()}"
+    abandoned = Path(tempfile.gettempdir(), f"minidist-mpi-{dead.pid}-{tag}")
+    alive = Path(tempfile.gettempdir(), f"minidist-mpi-{os.getpid()}-{tag}")
+    segment = Path(f"/dev/shm/ucx_shm_posix_{tag}")
+    try:
+        abandoned.mkdir()
+        alive.mkdir()
+        segment.write_bytes(b"x")
+        (abandoned / "0.segments").write_text(str(segment))
+        assert launch(lambda: 1, 1, backend="mpi").values == [1]
+        assert not abandoned.exists() and not segment.exists()
+        assert alive.exists()
+    finally:
+        for path in (abandoned, alive):
+            shutil.rmtree(path, ignore_errors=True)
+        segment.unlink(missing_ok=True)
 
 
 NOTEBOOK_CELL = """

@@ -12,6 +12,8 @@ checkpoint itself, so the final result covers the whole run.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
 import tempfile
 import warnings
@@ -40,8 +42,10 @@ class Attempts:
 
     def run(self, launch_attempt):
         """``launch_attempt(attempt)`` until one finishes; return its launch result."""
-        record_dir = tempfile.mkdtemp(prefix="minidist_failures_")
+        # Named first and made inside the try, so that an interrupt cannot land between making it and the finally.
+        record_dir = os.path.join(tempfile.gettempdir(), f"minidist_failures_{secrets.token_hex(6)}")
         try:
+            os.mkdir(record_dir, 0o700)
             kills = list(self.faults.kill) if self.faults is not None else []
             state = self._load() if self.resume else None
             for index in range(self.max_restarts + 1):

@@ -14,7 +14,9 @@ the first returned, past ``deadline``, or on Ctrl-C, and the folder is removed w
 
 from __future__ import annotations
 
+import glob
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -150,21 +152,34 @@ def recorded_segments(folder: str) -> set[str]:
 
 
 def mpi_segments(pid: int | str = "self") -> set[str]:
-    """The MPI library's shared-memory files process ``pid`` (this one by default) has mapped.
+    """The MPI library's shared-memory files process ``pid`` (this one by default) has open or mapped.
 
     A job that ends normally removes them; one stopped (an abort, a timeout, Ctrl-C, a dead launcher)
     leaves them in /dev/shm, a few MB each until the machine restarts, so each rank records them
-    (``record_segments``), the launcher looks at its ranks' maps before it stops them, and whoever stops
-    the job removes them. Only the library's own names are taken: a rank may map shared memory of the
-    user's that must outlive the job."""
+    (``record_segments``), the launcher looks at its ranks before it stops them, and whoever stops
+    the job removes them. Open files count as well as mapped ones: UCX creates a segment, holds it open
+    and unlinks it once it has set it up (peers attach through /proc), so one caught between its creation
+    and that unlink is in no map yet. Only the library's own names are taken: a rank may map shared memory
+    of the user's that must outlive the job."""
+    found = set()
     try:
         lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
     except OSError:  # the process is gone, or this is not Linux
-        return set()
-    found = set()
+        return found
     for line in lines:
         fields = line.split(None, 5)  # address, perms, offset, device, inode, path (if any)
         path = fields[5].strip() if len(fields) == 6 else ""
+        if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
+            found.add(path)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
         if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
             found.add(path)
     return found
@@ -196,6 +211,24 @@ def _job_processes(folder: str, mpiexec: int) -> list[int]:
     return found
 
 
+def _sweep_abandoned_jobs() -> None:
+    """Remove what jobs whose launcher died have left and nobody else will: their folders and recorded segments.
+
+    A launcher killed (SIGKILL, or its kernel restarted) after making its job's folder and before mpiexec started
+    a rank leaves the folder with no rank to remove it (ranks that did start remove it themselves). Each MPI
+    launch clears such folders, once their launcher is gone and no process names them any more.
+    """
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "minidist-mpi-*-*")):
+        try:
+            launcher = int(os.path.basename(path).split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if _running(launcher) or _job_processes(path, -1):
+            continue
+        remove_segments(recorded_segments(path))
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _state(pid: int) -> str:
     """The state letter of ``pid`` in /proc (R, S, T, Z, ...), or "" if it is gone."""
     fields = proc_stat(pid)
@@ -215,14 +248,18 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
     why = mpi_available()
     if why is not None:
         raise RuntimeError(f"md.launch(backend='mpi'): {why}")
+    _sweep_abandoned_jobs()
     try:
         payload = pickling.dumps((fn, args, kwargs, cluster, timeout))
     except Exception as e:
         raise TypeError(f"launch: fn and its arguments must be picklable to run under MPI: {type(e).__name__}: {e}") \
             from e
     proc = live = None
-    folder = tempfile.mkdtemp(prefix=f"minidist-mpi-{os.getpid()}-")  # whose job it is, for whoever finds it
-    try:  # at once: a Ctrl-C before the try would leave the folder behind
+    # Named first and made inside the try: a Ctrl-C that lands between a mkdtemp and the try (it did, about once in
+    # twenty interrupts on a loaded machine) would leave the folder behind. The pid says whose job it is.
+    folder = os.path.join(tempfile.gettempdir(), f"minidist-mpi-{os.getpid()}-{secrets.token_hex(6)}")
+    try:
+        os.mkdir(folder, 0o700)
         live = LiveView(world_size, quiet)
         job = _Job(world_size, folder, live)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
