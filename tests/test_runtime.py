@@ -255,8 +255,25 @@ def test_rank_that_dies_is_reported(no_leaks):
             os._exit(3)
         dist.recv(np.zeros(1), 1)
 
-    with pytest.raises(RankError, match="rank 1 exited without reporting"):
+    with pytest.raises(RankError, match=r"rank 1 exited without reporting \(exit code 3\)"):
         launch(f, 2, timeout=30)
+
+
+def test_a_rank_killed_by_a_signal_is_reported_with_the_signal_and_its_usual_cause(no_leaks):
+    def f():
+        if dist.get_rank() == 0:
+            import ctypes
+            import faulthandler
+
+            faulthandler.disable()  # pytest's, inherited: its dump of the crash is not what this test is about
+            ctypes.string_at(0)  # a crash in native code
+        dist.barrier()
+
+    with pytest.raises(RankError) as info:
+        launch(f, 2, timeout=30)
+    msg = str(info.value)
+    assert "rank 0 exited without reporting (killed by SIGSEGV, a segmentation fault: native code" in msg, msg
+    assert "rank 1 stopped because rank 0 died (killed by SIGSEGV)" in msg, msg
 
 
 def test_a_rank_may_return_what_only_dill_pickles():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 
 class MismatchError(ValueError):
@@ -72,3 +73,29 @@ def process_state(pid: int) -> str | None:
         return "gone" if os.path.isdir("/proc") else None
     state = fields[0]
     return {"T": "stopped", "t": "stopped", "Z": "gone", "X": "gone"}.get(state, "running")
+
+
+# What usually sends a rank each signal, for a report that would otherwise say only "exit code -9"
+_SIGNAL_CAUSES = {
+    "SIGSEGV": "a segmentation fault: native code (numpy, a C extension, ctypes) touched memory it does not own",
+    "SIGBUS": "a bus error: often shared memory (/dev/shm) full, as in a container's 64 MB default",
+    "SIGKILL": "killed from outside: often the kernel's out-of-memory killer (see dmesg), or kill -9",
+    "SIGABRT": "native code aborted (a failed assertion in a C library)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGILL": "an illegal instruction: a library built for a newer CPU than this one",
+    "SIGTERM": "terminated from outside (kill)",
+}
+
+
+def exit_text(code: int | None, cause: bool = True) -> str:
+    """A rank process's end as people read it: ``exit code 1``, or the signal that killed it (and its usual cause)."""
+    if code is None:
+        return "exit code unknown"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"killed by signal {-code}"
+    why = _SIGNAL_CAUSES.get(name) if cause else None
+    return f"killed by {name}" + (f", {why}" if why else "")

@@ -32,7 +32,7 @@ from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import context, pickling, shm
 from minidist.runtime.doorbell import Doorbell
-from minidist.runtime.errors import RankError, process_state
+from minidist.runtime.errors import RankError, exit_text, process_state
 from minidist.runtime.inprocess_launch import launch_inprocess
 from minidist.runtime.live import LiveView
 from minidist.runtime.mpi_launch import launch_mpi
@@ -388,8 +388,8 @@ class _Ranks:
         if r not in self.values and r not in self.errors:
             self.procs[r].join(0.5)
             code = self.procs[r].exitcode
-            self.fail(r, "RankDied", f"rank {r} exited without reporting (exit code {code})")
-            self.stop_all(f"rank {r} died (exit code {code})")
+            self.fail(r, "RankDied", f"rank {r} exited without reporting ({exit_text(code)})")
+            self.stop_all(f"rank {r} died ({exit_text(code, cause=False)})")
 
     def result(self) -> LaunchResult:
         """Show the output; the LaunchResult, or the RankError that explains the failure."""
