@@ -43,6 +43,25 @@ def test_launch_world_size_and_fn():
 
 
 @pytest.mark.parametrize("kwargs, match", [
+    ({"args": 5}, r"args must be a tuple of fn's positional arguments \(args=\(x,\) for one\), got int 5"),
+    ({"kwargs": [1]}, "kwargs must be a dict of fn's keyword arguments, got list"),
+    ({"cluster": "dgx-h100"}, r"cluster must be a md.Cluster \(md.Cluster.dgx_h100\(nodes=2\), say\), got str"),
+])
+def test_launch_refuses_arguments_of_the_wrong_kind_before_any_rank_starts(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        md.launch(_rank, 2, **kwargs)
+
+
+def test_launch_takes_args_as_a_list_and_kwargs_as_any_mapping():
+    from types import MappingProxyType
+
+    def add(a, b, c=0):
+        return a + b + c
+
+    assert list(md.launch(add, 2, args=[1, 2], kwargs=MappingProxyType({"c": 3}))) == [6, 6]
+
+
+@pytest.mark.parametrize("kwargs, match", [
     ({"steps": 1.5}, "steps must be an int"),
     ({"steps": 0}, "steps must be an int"),
     ({"global_batch": True}, "global_batch must be an int"),

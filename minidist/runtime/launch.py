@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 
 import dill
@@ -442,6 +442,16 @@ def launch(
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise ValueError(f"launch: world_size must be a positive int, got {world_size!r}")
     world_size = int(world_size)  # np.int64(2) is a fine world size
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"launch: args must be a tuple of fn's positional arguments (args=(x,) for one), "
+                        f"got {type(args).__name__} {args!r:.60}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"launch: kwargs must be a dict of fn's keyword arguments, got {type(kwargs).__name__} "
+                        f"{kwargs!r:.60}")
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise TypeError(f"launch: cluster must be a md.Cluster (md.Cluster.dgx_h100(nodes=2), say), got "
+                        f"{type(cluster).__name__} {cluster!r:.60}")
+    args, kwargs = tuple(args), (dict(kwargs) if kwargs is not None else None)  # plain ones travel under any start
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) \
             or timeout <= 0:
         raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
