@@ -161,3 +161,43 @@ def test_an_algorithm_whose_members_differ_cannot_be_represented():
         md.launch(fn, 8, backend="inprocess", represent=lambda r: 0, quiet=True)
     with pytest.raises(ValueError, match="representatives=True needs shape_only=True"):
         md.parallel.train(TOY, ParallelConfig(dp=2), representatives=True, backend="inprocess")
+
+
+def test_a_group_of_three_represented_names_the_call_and_the_way_out():
+    """Three data-parallel ranks cannot be represented: the weights' broadcast (a tree on 3 ranks, or a chain with
+    algorithm='ring') ends at other moments on the ranks a root would stand for, which left the step 1 us short
+    before. It is refused by name; every rank run is the answer."""
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4)
+    for algorithm, chosen in ((None, "tree"), ("ring", "ring")):
+        with pytest.raises(md.runtime.RankError, match=rf"broadcast\(.*algorithm='{chosen}'\) on ranks \[0, 1, 2\]: "
+                           r"with representatives, rank 0 stands for members that would finish this call at other "
+                           r"moments .* run every rank \(representatives=False\)"):
+            md.parallel.simulate_step(cfg, ParallelConfig(dp=3, algorithm=algorithm), global_batch=6)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 6, 8])
+def test_a_root_stands_for_its_receivers_exactly_when_they_all_finish_with_it(p):
+    """``finishes_with_root`` says which broadcasts and scatters a root may represent: checked here against runs of
+    every rank, and against the representative's clock where it says yes."""
+    from minidist import dist
+    from minidist.autograd.shape_only import empty
+    from minidist.collectives import ALGORITHMS, finishes_with_root
+
+    def call(coll, alg):
+        x = empty((4096,), np.float32)
+        if coll == "broadcast":
+            dist.broadcast(x, 0, algorithm=alg)
+        else:
+            dist.scatter(x, [empty((4096,), np.float32)] * p if dist.get_rank() == 0 else None, 0, algorithm=alg)
+        return dist.now()
+
+    for coll in ("broadcast", "scatter"):
+        for alg in sorted(ALGORITHMS[coll]):
+            ends = list(md.launch(call, p, args=(coll, alg), backend="inprocess", quiet=True))
+            assert finishes_with_root(coll, alg, p) == (len(set(ends)) == 1), (coll, alg, p, ends)
+            if finishes_with_root(coll, alg, p):
+                assert list(md.launch(call, p, args=(coll, alg), backend="inprocess", quiet=True,
+                                      represent=lambda r: 0)) == ends
+            else:
+                with pytest.raises(md.runtime.RankError, match="would finish this call at other moments"):
+                    md.launch(call, p, args=(coll, alg), backend="inprocess", quiet=True, represent=lambda r: 0)

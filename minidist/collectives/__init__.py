@@ -96,6 +96,18 @@ def register(collective: str, name: str) -> Callable[[Callable], Callable]:
     return deco
 
 
+def finishes_with_root(collective: str, algorithm: str, p: int) -> bool:
+    """Whether every member of a ``p``-rank broadcast or scatter by ``algorithm`` ends it when the root does (all
+    starting together, on alike links).
+
+    When one rank stands for others (representatives), a root that only sends hears nothing from the ranks it
+    stands for; their clocks are taken to end where its own does, which is exact only then. A binomial tree on a
+    power of two delivers its last messages in its last step, to every rank at once; a chain, a direct fan-out or
+    a lopsided tree leaves some ranks done before others. (Checked against runs of every rank in
+    tests/test_shape_only_train.py.) Two ranks always finish together."""
+    return p <= 2 or (algorithm == "tree" and collective in ("broadcast", "scatter") and p & (p - 1) == 0)
+
+
 def available(collective: str) -> list[str]:
     return sorted(ALGORITHMS[collective])
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from minidist.collectives import ALGORITHMS, choose
+from minidist.collectives import ALGORITHMS, choose, finishes_with_root
 from minidist.collectives.comm import Comm, _Cursor, pieces
 from minidist.collectives.native import NATIVE
 from minidist.runtime import context
@@ -138,6 +138,14 @@ def _plan(ctx, key: tuple | None, coll: str, name: str, group, algorithm, nbytes
         raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])} "
                          f"(and 'native', MPI's own, under the MPI backend)")
     text = detail if isinstance(detail, str) else detail[0](*detail[1:])
+    represents = getattr(ctx.transport, "represents", None)
+    if coll in ("broadcast", "scatter") and represents is not None and represents(g.ranks) \
+            and not finishes_with_root(coll, algorithm, g.size()):
+        raise ValueError(
+            f"{name}({text}, algorithm={algorithm!r}) on {_ranks_text(g.ranks)}: with representatives, rank "
+            f"{ctx.rank} stands for members that would finish this call at other moments than it does, so their "
+            f"clocks cannot be taken from its own; run every rank (representatives=False), or use a group whose "
+            f"size is a power of two with algorithm=None (a {coll} by binomial tree)")
     plan = _Plan()
     plan.cluster, plan.group, plan.comm, plan.fn = ctx.cluster, g, c, fn
     plan.sig = c._sig = _signature(name, text, algorithm, g.ranks)

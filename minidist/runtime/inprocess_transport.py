@@ -225,11 +225,14 @@ class InProcessTransport:
         unmirrored = [op for op in ops if not op.done and op.peer not in self.ex.simulated]
         if unmirrored:  # only this rank's own later sends could pair them, and it is waiting
             op = unmirrored[0]
+            call = f"{op.name}'s algorithm" if self.coll is None else self.coll[3].decode(errors="replace")
             raise DeadlockError(
                 f"rank {self.rank} waits in {op.describe()} for rank {op.peer}, which is represented by a simulated "
-                f"rank, before sending the step's mirror message: in {op.name}'s algorithm the members do not all "
-                f"take the same steps (a tree or a root), so representatives cannot stand for them; choose ring, "
-                f"bidirectional_ring, halving_doubling, recursive_doubling, hierarchical or pairwise")
+                f"rank, before sending the step's mirror message: in {call} the members do not all take the same "
+                f"steps (a tree, a root, or halving/doubling on a group whose size is not a power of two), so "
+                f"representatives cannot stand for them; pass algorithm='ring' (ParallelConfig(algorithm='ring') in "
+                f"train), or bidirectional_ring, hierarchical, pairwise, and halving_doubling or recursive_doubling "
+                f"on powers of two")
         if not all(op.done for op in ops):
             self.turns.block(self.rank, lambda: all(op.done for op in ops),
                              ", ".join(op.describe() for op in ops if not op.done),
@@ -257,6 +260,11 @@ class InProcessTransport:
         pass
 
     # -- collectives: every member announces its call, and they must agree ---------------------
+    def represents(self, ranks) -> bool:
+        """Whether some of ``ranks`` are not run but stood for by their representatives."""
+        sims = self.ex.simulated
+        return any(r not in sims for r in ranks)
+
     def publish(self, ranks, key: int, seq: int, sig: bytes, wake: bool = True) -> None:
         self.ex.calls[(self.rank, key)] = (seq, sig)
         self.coll = (ranks, key, seq, sig)
