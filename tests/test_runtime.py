@@ -1,5 +1,6 @@
 """launch(): results, printed output, fork and spawn, failures that answer instead of hanging (lab 00)."""
 
+import gc
 import os
 import re
 import signal
@@ -606,12 +607,14 @@ def _open_fds() -> int:
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_launches_leave_no_file_descriptor_open(method):
     launch(_identity, 2, args=(0,), start_method=method)
+    gc.collect()  # what earlier tests left for the collector (a notebook client's sockets) is closed now, not below
     before = _open_fds()
     for _ in range(3):
         launch(_identity, 4, args=(0,), start_method=method)
     with pytest.raises(RankError):
         launch(_fails_on_rank_1, 3, start_method=method)
-    assert _open_fds() == before
+    gc.collect()
+    assert _open_fds() <= before  # one fewer is someone else's closing; one more would be a launch's leak
 
 
 def _fails_on_rank_1():

@@ -19,7 +19,9 @@ from an unsimulated rank is paired with the k-th send of the same call with that
 it (the token counts of experts routed by plan) holds this rank's own values, which every represented rank
 shares. Exact for algorithms in which every member takes the same steps (ring, bidirectional ring, pairwise,
 recursive doubling and halving on powers of two) on groups whose links are alike; a receive that never finds
-its mirror is a deadlock, named.
+its mirror is a deadlock, named. A root that only sends (a broadcast) hears nothing back, so nothing here can
+tell when its receivers finish: the collectives refuse those whose receivers finish at other moments than the
+root (``collectives.finishes_with_root``, asked through ``represents``).
 """
 
 from __future__ import annotations
