@@ -138,12 +138,25 @@ def _void(a, listed: bool = False):
 
 
 def _shape(x) -> tuple:
-    return x.shape if isinstance(x, np.ndarray) else np.shape(x)  # np.shape of a ShapeArray dispatches (slow)
+    if isinstance(x, np.ndarray):
+        return x.shape
+    return () if isinstance(x, (float, int)) else np.shape(x)  # np.shape of a ShapeArray dispatches (slow)
+
+
+_BROADCASTS: dict[tuple, tuple] = {}  # shapes -> numpy's broadcast of them: a step meets the same few thousand
 
 
 def _broadcast(shapes) -> tuple:
     first = shapes[0]
-    return first if all(s == first for s in shapes) else np.broadcast_shapes(*shapes)
+    if len(shapes) == 2 and shapes[1] == first or all(s == first for s in shapes):
+        return first
+    key = tuple(shapes)
+    got = _BROADCASTS.get(key)
+    if got is None:
+        if len(_BROADCASTS) > 4096:
+            _BROADCASTS.clear()
+        got = _BROADCASTS[key] = np.broadcast_shapes(*shapes)
+    return got
 
 
 def _probes(values) -> list:
