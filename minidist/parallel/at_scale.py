@@ -1,10 +1,11 @@
 """One step of a published training run, timed on thousands of simulated GPUs without data (book ch34, lab 24).
 
 Property: what a step costs (the time of every op and message, every byte the ledger books) is a function of
-the shapes, the dtypes and the layout, never of the values; and two ranks that differ only in their dp, ep,
-cp or tp coordinate run the same ops on the same shapes at the same moments. So the step of a 16,384-GPU run
-is the step of one rank per pipeline stage, each running shape-only arrays (``autograd/shape_only.py``) in
-one process (``backend="inprocess"``), its peers' messages mirrored from its own (``mesh.representatives``).
+the shapes, the dtypes and the layout, never of the values; and two ranks that differ only in their dp, ep or
+tp coordinate (or cp under Ulysses) run the same ops on the same shapes at the same moments. So the step of a
+16,384-GPU run is the step of one rank per pipeline stage (per ring-attention rank too), each running
+shape-only arrays (``autograd/shape_only.py``) in one process (``backend="inprocess"``), its peers' messages
+mirrored from its own (``mesh.representatives``).
 Nothing here is a formula: the same ``md.parallel.train`` as on 8 devices runs, every op and message charged.
 
 ``simulate_step`` runs it and reports the step the way papers do: seconds, MFU (model FLOPs ``6 N`` per token

@@ -46,21 +46,26 @@ def build_mesh(config: ParallelConfig, rank: int | None = None) -> DeviceMesh:
     return DeviceMesh(np.arange(world).reshape(shape), AXES, rank)
 
 
-SYMMETRIC = ("dp", "ep", "cp", "tp")
+SYMMETRIC = ("dp", "ep", "tp")  # and cp under Ulysses (see representatives)
 
 
 def representatives(config: ParallelConfig) -> list[int]:
     """``rep[r]``: the rank that stands for rank ``r`` in a shape-only run, the rank of ``r``'s pipeline stage with
-    every other coordinate 0.
+    every symmetric coordinate 0.
 
-    Property: ranks that differ only in their dp, ep, cp or tp coordinate run the same program on arrays of the
-    same shapes (each holds an equal shard, takes an equal share of the batch and of the sequence), so their
-    clocks and ledgers agree; pipeline stages differ (the first embeds, the last computes the loss). With one
-    rank per stage simulated, 16,384 ranks cost what 16 do.
+    Property: ranks that differ only in their dp, ep or tp coordinate run the same program on arrays of the same
+    shapes (each holds an equal shard, takes an equal share of the batch), so their clocks and ledgers agree;
+    pipeline stages differ (the first embeds, the last computes the loss). So do the ranks of a ring-attention
+    context group: under a causal mask each attends to a different number of earlier blocks (a contiguous layout
+    gives the last rank the most; zigzag evens the total, not each step, nor the links of a ring that leaves a
+    node), and a representative ran its step up to 10% short; every cp coordinate runs there. Ulysses' context
+    ranks are alike (each holds whole sequences for its heads). With one rank per stage simulated, 16,384 ranks
+    cost what 16 do.
     """
+    symmetric = SYMMETRIC + (("cp",) if config.cp_method == "ulysses" else ())
     shape = tuple(getattr(config, a) for a in AXES)
     grid = np.arange(int(np.prod(shape))).reshape(shape)
-    index = tuple(slice(None) if a not in SYMMETRIC else slice(0, 1) for a in AXES)
+    index = tuple(slice(None) if a not in symmetric else slice(0, 1) for a in AXES)
     return np.broadcast_to(grid[index], shape).reshape(-1).tolist()
 
 

@@ -198,8 +198,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     ``shape_only=True`` trains a model whose arrays have shapes and no values (``md.autograd.shape_only``): every
     op, message and booking is charged as with data, so ``time`` and the memory fields are those of the real run,
     while ``losses`` are NaN and ``params``/``grads`` empty. With ``representatives=True`` (shape-only, in process)
-    only one rank per pipeline stage runs and stands for the ranks that differ from it in dp, ep, cp or tp
-    (``parallel.mesh.representatives``): thousands of ranks in seconds.
+    only one rank per pipeline stage (and ring-attention context rank) runs and stands for the ranks that differ
+    from it in dp, ep or tp, and cp under Ulysses (``parallel.mesh.representatives``): thousands of ranks in seconds.
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
