@@ -161,28 +161,24 @@ def mpi_segments(pid: int | str = "self") -> set[str]:
     and unlinks it once it has set it up (peers attach through /proc), so one caught between its creation
     and that unlink is in no map yet. Only the library's own names are taken: a rank may map shared memory
     of the user's that must outlive the job."""
-    found = set()
     try:
         lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
     except OSError:  # the process is gone, or this is not Linux
-        return found
+        return set()
+    paths = []
     for line in lines:
         fields = line.split(None, 5)  # address, perms, offset, device, inode, path (if any)
-        path = fields[5].strip() if len(fields) == 6 else ""
-        if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
-            found.add(path)
+        paths.append(fields[5].strip() if len(fields) == 6 else "")
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
-        return found
+        fds = []
     for fd in fds:
         try:
-            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:  # closed meanwhile
-            continue
-        if path.startswith(MPI_SEGMENT_PREFIXES) and not path.endswith("(deleted)"):
-            found.add(path)
-    return found
+            pass
+    return {p for p in paths if p.startswith(MPI_SEGMENT_PREFIXES) and not p.endswith("(deleted)")}
 
 
 def remove_segments(paths) -> None:
