@@ -12,6 +12,7 @@ on, and no process or shared-memory segment survives the call (nor a Ctrl-C, nor
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import numbers
@@ -107,6 +108,73 @@ class _Segment:
             if self.tracked:
                 resource_tracker.unregister(self.name, "shared_memory")
             self.name = None
+
+
+# a rank's doorbell, report pipe and exit sentinel take 5 files in the launcher, and a forked rank inherits them all
+FILES_PER_RANK = 6
+
+
+def _open_files() -> int:
+    for d in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return len(os.listdir(d))
+        except OSError:
+            pass
+    return 64
+
+
+def _enough_files(world: int) -> None:
+    """Make sure this process may open the files a launch of ``world`` ranks needs, raising its soft limit if
+    the hard one allows (as Ray does); else say how to. A forked rank inherits them all, so it needs as many.
+
+    Without this, 64 ranks under macOS's default limit of 256 (or 256 under Linux's 1024) fail half-started
+    with a bare ``OSError: Too many open files``."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX, refused earlier
+        return
+    need = _open_files() + FILES_PER_RANK * world + 32
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    target = 2 * need if hard == resource.RLIM_INFINITY else min(hard, 2 * need)
+    if target >= need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return
+        except (ValueError, OSError):
+            pass
+    raise OSError(errno.EMFILE, _files_text(world, need, soft, hard))
+
+
+_FILES_WAY_OUT = ("raise it before starting Python or Jupyter (`ulimit -n {n}` in the shell), or pass "
+                  "backend='inprocess' (ranks as threads of this process: the same results and clocks, no files)")
+
+
+def _files_text(world: int, need: int, soft: int, hard: int) -> str:
+    import resource
+
+    limit = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    return (f"launch: {world} ranks as processes need about {need} open files in this process ({FILES_PER_RANK} per "
+            f"rank: its doorbell, report pipe and exit sentinel pipe), but the limit is {soft} and its hard limit "
+            f"({limit}) does not let minidist raise it; " + _FILES_WAY_OUT.format(n=2 * need))
+
+
+def _start_failed(e: OSError, rank: int, world: int) -> OSError | None:
+    """The error for a rank the system would not start, saying which limit is the likely cause (None: no limit)."""
+    if e.errno == errno.EMFILE:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        text = (f"launch: this process ran out of open files (its limit is {soft}) while setting up rank {rank} of "
+                f"{world}, {FILES_PER_RANK} files per rank; " + _FILES_WAY_OUT.format(n=max(4096, 2 * soft)))
+    elif e.errno in (errno.EAGAIN, errno.ENOMEM):
+        text = (f"launch: the system would not start rank {rank} of {world} ({e.strerror}): a limit on processes "
+                f"(`ulimit -u`, a container's pid limit) or on memory was reached; use fewer ranks, or "
+                f"backend='inprocess' (ranks as threads of this process: the same results and clocks)")
+    else:
+        return None
+    return OSError(e.errno, text)
 
 
 def default_start_method() -> str:
@@ -490,6 +558,7 @@ def launch(
     cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
     layout = shm.default_layout(world_size)
     layout_args = (layout.slot_bytes, layout.nslots)
+    _enough_files(world_size)
     with _Interrupts() as interrupts:
         fork = start_method == "fork"
         seg = _Segment(layout.size, fork)
@@ -499,19 +568,28 @@ def launch(
         live = LiveView(world_size, quiet)
         ranks = _Ranks(world_size, procs, readers, board, bells, seg, live, timeout, deadline, fork)
         try:
-            for _ in range(world_size):
-                bells.append(Doorbell())
-            with nullcontext() if fork else _spawning():
-                for r in range(world_size):
-                    rd, wr = mp.Pipe(duplex=False)
-                    p = mp.Process(target=rank_main, name=f"minidist-rank-{r}", daemon=True,
-                                   args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
-                                         bells, wr, timeout, os.getpid()))
-                    p.start()
-                    wr.close()
-                    procs.append(p)
-                    readers[rd] = r
-                    interrupts.check()
+            r = 0  # the rank being set up, for the error if the system refuses
+            try:
+                for _ in range(world_size):
+                    bells.append(Doorbell())
+                with nullcontext() if fork else _spawning():
+                    for r in range(world_size):
+                        rd, wr = mp.Pipe(duplex=False)
+                        readers[rd] = r
+                        p = mp.Process(target=rank_main, name=f"minidist-rank-{r}", daemon=True,
+                                       args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
+                                             bells, wr, timeout, os.getpid()))
+                        try:
+                            p.start()
+                        finally:
+                            wr.close()
+                        procs.append(p)
+                        interrupts.check()
+            except OSError as e:
+                why = _start_failed(e, r, world_size)
+                if why is None:
+                    raise
+                raise why from e
             ranks.collect(interrupts)
         finally:
             for p in procs:

@@ -84,9 +84,46 @@ class Layout:
         return self.channel(src, dst) + CTRL_BYTES + i * self.slot_stride
 
 
-def default_layout(world: int) -> Layout:
-    """Channel sizes: 8 slots of 512 KB per pair (pages are only touched when used)."""
-    return Layout(world, slot_bytes=512 * 1024, nslots=8)
+SEGMENT_BUDGET = 4 << 30  # bytes of address space the channels may reserve (and at most a quarter of the RAM)
+MIN_SLOT_BYTES, MIN_SLOTS = 4096, 2
+
+
+def segment_budget() -> int:
+    """How large a launch's segment may be: ``SEGMENT_BUDGET``, or a quarter of the machine's memory if less.
+
+    Pages are only touched when used, but the kernel still weighs the whole mapping when it is made: Linux
+    refuses one larger than its memory and swap (a bare ``OSError: Cannot allocate memory``)."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        ram = 0
+    return min(SEGMENT_BUDGET, ram // 4) if ram > 0 else SEGMENT_BUDGET
+
+
+def default_layout(world: int, budget: int | None = None) -> Layout:
+    """Channel sizes: 8 slots of 512 KB per ordered pair of ranks, smaller when that would not fit ``budget``.
+
+    A pair's channel is its own (no lock anywhere), so the segment grows as world²: 8 ranks reserve 270 MB,
+    64 ranks would reserve 17 GB. Above the budget the slots shrink first (down to 4 KB: from 256 KB down a
+    message that fills a slot is read in place instead, where cross-memory attach is allowed, so only the
+    two-copy path takes more rounds), then their number (down to 2). The simulated times do not depend on it.
+    """
+    budget = segment_budget() if budget is None else budget
+    slot, nslots = 512 * 1024, 8
+    lay = Layout(world, slot, nslots)
+    while lay.size > budget and (slot > MIN_SLOT_BYTES or nslots > MIN_SLOTS):
+        if slot > MIN_SLOT_BYTES:
+            slot //= 2
+        else:
+            nslots //= 2
+        lay = Layout(world, slot, nslots)
+    if lay.size > budget:
+        raise ValueError(
+            f"launch: {world} ranks as processes need {lay.size / 2**30:.1f} GB of shared memory for their "
+            f"channels even with {nslots} slots of {slot // 1024} KB per pair ({world * world:,} ordered pairs), "
+            f"more than the {budget / 2**30:.1f} GB this machine allows a launch; pass backend='inprocess' (ranks "
+            f"as threads of this process, the same results and clocks), with shape-only arrays for thousands")
+    return lay
 
 
 def new_name() -> str:
