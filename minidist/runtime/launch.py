@@ -125,7 +125,7 @@ def _open_files() -> int:
 
 def _enough_files(world: int) -> None:
     """Make sure this process may open the files a launch of ``world`` ranks needs, raising its soft limit if
-    the hard one allows (as Ray does); else say how to. A forked rank inherits them all, so it needs as many.
+    the hard one allows; else say how to. A forked rank inherits them all, so it needs as many.
 
     Without this, 64 ranks under macOS's default limit of 256 (or 256 under Linux's 1024) fail half-started
     with a bare ``OSError: Too many open files``."""
