@@ -92,6 +92,16 @@ def test_a_world_too_large_for_the_machine_is_refused_before_any_rank_starts(mon
     assert list(launch(dist.get_rank, 8, backend="inprocess")) == list(range(8))
 
 
+def test_shared_memory_the_system_will_not_reserve_is_named(monkeypatch, no_leaks):  # noqa: F811
+    def refuse(size, fork):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(sys.modules["minidist.runtime.launch"], "_Segment", refuse)
+    with pytest.raises(OSError, match=r"would not reserve \d+ MB of shared memory for the channels of 4 ranks "
+                                      r"\(Cannot allocate memory\).*backend='inprocess'"):
+        launch(dist.get_rank, 4)
+
+
 _LIMITED = textwrap.dedent("""
     import os, resource, sys
     import minidist.dist as dist

@@ -561,7 +561,15 @@ def launch(
     _enough_files(world_size)
     with _Interrupts() as interrupts:
         fork = start_method == "fork"
-        seg = _Segment(layout.size, fork)
+        try:
+            seg = _Segment(layout.size, fork)
+        except OSError as e:
+            if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EFBIG):
+                raise
+            raise OSError(e.errno, f"launch: the system would not reserve {layout.size / 2**20:,.0f} MB of shared "
+                                   f"memory for the channels of {world_size} ranks ({e.strerror}); use fewer ranks, "
+                                   f"or backend='inprocess' (ranks as threads of this process: the same results "
+                                   f"and clocks)") from e
         mm, name = seg.mm, seg.name
         procs, readers, bells = [], {}, []
         board = shm.Board(mm, layout)
