@@ -104,9 +104,10 @@ def default_layout(world: int, budget: int | None = None) -> Layout:
     """Channel sizes: 8 slots of 512 KB per ordered pair of ranks, smaller when that would not fit ``budget``.
 
     A pair's channel is its own (no lock anywhere), so the segment grows as world²: 8 ranks reserve 270 MB,
-    64 ranks would reserve 17 GB. Above the budget the slots shrink first (down to 4 KB: from 256 KB down a
-    message that fills a slot is read in place instead, where cross-memory attach is allowed, so only the
-    two-copy path takes more rounds), then their number (down to 2). The simulated times do not depend on it.
+    64 ranks would reserve 17 GB. Above the budget the slots shrink first (down to 4 KB), then their number
+    (down to 2). Smaller channels change only how bytes travel: fewer messages take the one-slot fast path,
+    and those that fill every slot are read in place where cross-memory attach is allowed, or go in more
+    rounds. The simulated times do not depend on it.
     """
     budget = segment_budget() if budget is None else budget
     slot, nslots = 512 * 1024, 8
