@@ -5,7 +5,6 @@ sure that choice never turns into a busy wait, with as many cores as ranks and w
 count is patched before the fork, so both cases run on any machine).
 """
 
-import os
 import time
 
 import numpy as np
@@ -49,24 +48,3 @@ def test_the_poll_yields_only_when_ranks_outnumber_cores(monkeypatch):
     assert list(launch(_pause_in_use, 2)) == [False, False]
     monkeypatch.setattr(transport, "_cores", lambda: 1)
     assert list(launch(_pause_in_use, 2)) == [True, True]
-
-
-@pytest.mark.parametrize("files, quota", [
-    ({"cpu.max": "max 100000\n"}, None),
-    ({"cpu.max": "150000 100000\n"}, 1.5),
-    ({"cpu.max": "50000 100000\n"}, 0.5),
-    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
-    ({"cpu,cpuacct/cpu.cfs_quota_us": "300000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 3.0),
-    ({}, None),
-], ids=["v2 unlimited", "v2 1.5 CPUs", "v2 half a CPU", "v1 unlimited", "v1 3 CPUs", "no cgroup files"])
-def test_a_containers_cpu_quota_counts_as_its_cores(tmp_path, monkeypatch, files, quota):
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    monkeypatch.setattr(transport, "CGROUP_ROOT", str(tmp_path))
-    assert transport.cpu_quota() == quota
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    expected = affinity if quota is None else max(1, min(affinity, int(quota)))
-    assert transport._cores() == expected
-    if quota is not None and quota < 2:  # two ranks on one CPU's worth of time yield as on one core
-        assert transport.oversubscribed(2)

@@ -71,55 +71,11 @@ SPIN_US = 50.0  # default poll before sleeping (see spin_seconds)
 SETTLE_S = 0.25
 
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def cpu_quota(root: str | None = None) -> float | None:
-    """The CPUs a cgroup quota lets this process use (``docker --cpus``, a Kubernetes limit), or None if unlimited.
-
-    A container may see every core of its host yet be allowed the time of one: ranks that poll for one another
-    there each burn their share of the quota and are throttled by the kernel for the rest of the period."""
-    root = CGROUP_ROOT if root is None else root
-    own = {}
-    for line in (_read("/proc/self/cgroup") or "").splitlines():  # "id:controllers:path"
-        parts = line.strip().split(":", 2)
-        if len(parts) == 3:
-            for c in parts[1].split(",") if parts[1] else [""]:
-                own[c] = parts[2]
-    v2 = own.get("", "/").lstrip("/")
-    for d in ([os.path.join(root, v2)] if v2 else []) + [root]:  # cgroup v2: "max 100000" or "150000 100000"
-        text = _read(os.path.join(d, "cpu.max"))
-        if text is not None:
-            quota, _, period = text.strip().partition(" ")
-            return None if quota == "max" else int(quota) / int(period or 100000)
-    v1 = own.get("cpu", "/").lstrip("/")
-    for base in ("cpu", "cpu,cpuacct"):
-        for d in ([os.path.join(root, base, v1)] if v1 else []) + [os.path.join(root, base)]:
-            quota, period = _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
-            if quota is not None and period is not None:
-                return None if int(quota) < 0 else int(quota) / int(period)
-    return None
-
-
 def _cores() -> int:
-    """The cores this process may run on: its affinity, cut to what a cgroup quota allows."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        quota = cpu_quota()
-    except (ValueError, ZeroDivisionError):  # a file this code does not understand: trust the affinity
-        quota = None
-    return cores if quota is None else max(1, min(cores, int(quota)))
+        return os.cpu_count() or 1
 
 
 def oversubscribed(world: int) -> bool:
