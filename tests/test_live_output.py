@@ -125,3 +125,32 @@ def test_inside_an_output_widget_the_live_area_is_a_widget(monkeypatch, capsys):
     assert area.comm is None  # closed: nothing of it stays in the saved notebook
     assert capsys.readouterr().out == "[rank 0] x < y\n"
     out.close()
+
+
+def _file_like_use():
+    import io
+    import logging
+
+    out = sys.stdout
+    facts = (isinstance(out, io.TextIOBase), out.writable(), out.readable(), out.encoding, out.isatty(), out.closed)
+    try:
+        out.fileno()
+        fileno = "a descriptor"
+    except io.UnsupportedOperation:
+        fileno = "unsupported"
+    log = logging.getLogger(f"rank{md.dist.get_rank()}")
+    log.addHandler(logging.StreamHandler(sys.stdout))
+    log.warning("logged")
+    out.writelines(["one\n", "two\n"])
+    sys.stdout.close()  # some tools close their stdout when done; the stream is stderr too
+    print("to stderr after the close", file=sys.stderr)
+    print("printed after the close")
+    return facts, fileno
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_a_ranks_output_answers_as_a_text_file_does(backend):
+    res = md.launch(_file_like_use, 2, backend=backend, quiet=True)
+    assert list(res) == [((True, True, False, "utf-8", False, False), "unsupported")] * 2
+    for text in res.stdout:
+        assert text == "logged\none\ntwo\nto stderr after the close\nprinted after the close\n"

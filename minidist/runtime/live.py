@@ -16,6 +16,7 @@ shows them in one of two ways:
 from __future__ import annotations
 
 import html
+import io
 import sys
 import time
 
@@ -48,7 +49,15 @@ def in_output_widget() -> bool:
 
 
 class RankStream:
-    """A rank's sys.stdout/sys.stderr: keeps everything, and sends complete lines to the launcher."""
+    """A rank's sys.stdout/sys.stderr: keeps everything, and sends complete lines to the launcher.
+
+    It answers as a text file does (``writable``, ``encoding``, ``fileno`` refusing as ``io.StringIO``'s does),
+    since libraries ask before they print (logging, progress bars). It is stdout and stderr at once and the
+    launcher still reads it, so ``close()`` only sends what is pending: a rank that closes its stdout keeps
+    its stderr, and its traceback.
+    """
+
+    encoding, errors, newlines, closed = "utf-8", "strict", None, False
 
     def __init__(self, send) -> None:
         self.parts: list[str] = []
@@ -73,14 +82,36 @@ class RankStream:
             self.last = time.monotonic() if now is None else now
             self.send(joined[:cut])
 
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         pass
+
+    def close(self) -> None:
+        self.flush_lines()
 
     def isatty(self) -> bool:
         return False
 
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a rank's output is captured: it has no file descriptor")
+
     def getvalue(self) -> str:
         return "".join(self.parts)
+
+
+io.TextIOBase.register(RankStream)  # isinstance(sys.stdout, io.TextIOBase) holds, without IOBase's closing __del__
 
 
 class LiveView:
