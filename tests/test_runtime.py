@@ -621,3 +621,17 @@ def _fails_on_rank_1():
     if dist.get_rank() == 1:
         raise ValueError("rank 1 gives up")
     dist.barrier()
+
+
+def _exits_early(code):
+    if dist.get_rank() == 1:
+        sys.exit(code)
+    dist.barrier()
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_sys_exit_in_a_rank_says_what_exiting_means_there(backend, no_leaks):
+    with pytest.raises(RankError, match=r"rank 1 failed with SystemExit: sys.exit\(0\) was called in fn; a rank ends "
+                                        r"by returning from fn") as info:
+        launch(_exits_early, 2, args=(0,), backend=backend)
+    assert info.value.rank == 1 and "rank 0 stopped because rank 1 raised SystemExit: sys.exit(0)" in str(info.value)

@@ -35,6 +35,14 @@ class RankAborted(RuntimeError):
     """Another rank failed, so this rank stops at its next communication call."""
 
 
+def reason(e: BaseException) -> str:
+    """What a rank's exception says; for ``sys.exit`` (whose text is only its code), what exiting means in a rank."""
+    if isinstance(e, SystemExit):
+        return (f"sys.exit({e.code!r}) was called in fn; a rank ends by returning from fn (what it returns is its "
+                f"result), so the launch stops here")
+    return str(e)
+
+
 class RankError(RuntimeError):
     """Raised by ``launch`` in the parent: one or more ranks failed.
 

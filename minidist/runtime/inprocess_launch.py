@@ -30,7 +30,7 @@ from minidist.hardware.cluster import Cluster
 from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder, Trace
 from minidist.runtime import context
-from minidist.runtime.errors import DeadlockError, RankAborted
+from minidist.runtime.errors import DeadlockError, RankAborted, reason
 from minidist.runtime.inprocess_transport import Exchange, InProcessTransport
 from minidist.runtime.live import LiveView, RankStream
 
@@ -215,8 +215,8 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
                 reports[rank] = ("ok", value, ctx.clock.end(), ctx.memory, recorder.events, out.getvalue())
             except BaseException as e:
                 if not isinstance(e, RankAborted):
-                    turns.abort(f"rank {rank} raised {type(e).__name__}: {e}")
-                why = str(e) or f"rank {rank} was stopped because {turns.aborted}"  # raised from the launcher
+                    turns.abort(f"rank {rank} raised {type(e).__name__}: {reason(e)}")
+                why = reason(e) or f"rank {rank} was stopped because {turns.aborted}"  # raised from the launcher
                 try:
                     exc = dill.dumps(e)
                 except Exception:

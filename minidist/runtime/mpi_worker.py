@@ -26,6 +26,7 @@ from minidist.hardware.cluster import Cluster
 from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder
 from minidist.runtime import context, pickling
+from minidist.runtime.errors import reason
 from minidist.runtime.live import RankStream
 from minidist.runtime.mpi_launch import mpi_segments, record_segments, remove_segments
 from minidist.runtime.mpi_transport import MPITransport
@@ -138,7 +139,7 @@ def _run(folder: str) -> None:
             exc = dill.dumps(e)
         except Exception:
             exc = None
-        data = pickling.dumps_report(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc,
+        data = pickling.dumps_report(("error", rank, type(e).__name__, reason(e), traceback.format_exc(), exc,
                                       out.getvalue(), ctx.clock.end()))
     finally:
         sys.stdout, sys.stderr = saved

@@ -21,7 +21,7 @@ from minidist.hardware.clock import Clock
 from minidist.hardware.memory import MemoryLedger
 from minidist.hardware.trace import Recorder
 from minidist.runtime import context, pickling, shm
-from minidist.runtime.errors import RankAborted, proc_stat
+from minidist.runtime.errors import RankAborted, proc_stat, reason
 from minidist.runtime.live import RankStream
 from minidist.runtime.transport import Transport
 
@@ -157,13 +157,13 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
         sys.stdout, sys.stderr = saved
         board.set_state(rank, shm.FAILED)
         if not isinstance(e, RankAborted):
-            board.abort(f"rank {rank} raised {type(e).__name__}: {e}")
+            board.abort(f"rank {rank} raised {type(e).__name__}: {reason(e)}")
         transport.ring_all()
         try:
             exc = dill.dumps(e)
         except Exception:
             exc = None
-        data = pickling.dumps_report(("error", rank, type(e).__name__, str(e), traceback.format_exc(), exc,
+        data = pickling.dumps_report(("error", rank, type(e).__name__, reason(e), traceback.format_exc(), exc,
                                       out.getvalue(), clock.end()))
     finally:
         sys.stdout, sys.stderr = saved
