@@ -635,3 +635,31 @@ def test_sys_exit_in_a_rank_says_what_exiting_means_there(backend, no_leaks):
                                         r"by returning from fn") as info:
         launch(_exits_early, 2, args=(0,), backend=backend)
     assert info.value.rank == 1 and "rank 0 stopped because rank 1 raised SystemExit: sys.exit(0)" in str(info.value)
+
+
+def _unmatched_isends():
+    dist.isend(np.ones(4), 1 - dist.get_rank())  # never received, never waited
+
+
+def _one_unmatched_isend():
+    if dist.get_rank() == 0:
+        dist.isend(np.ones(4), 1)
+
+
+def test_isends_nobody_received_are_named_as_such(no_leaks):
+    with pytest.raises(RankError) as info:
+        launch(_unmatched_isends, 2, timeout=10)
+    first = str(info.value).split("\n")[0]  # either rank may find the cycle first
+    waits = [f"rank {r} waits in send(dst={1 - r}, tag=0), left unfinished when fn returned, for rank {1 - r}"
+             for r in (0, 1)]
+    assert all(w in first for w in waits), first
+    assert "(messages nobody matched: every isend needs a recv or irecv on its peer" in first
+
+
+@pytest.mark.parametrize("backend, match", [
+    ("sim", r"rank 0 waits in send\(dst=1, tag=0\) but rank 1 has finished and will never receive it"),
+    ("inprocess", r"rank 1 returned from fn without receiving send\(dst=1, tag=0\) from rank 0: every send needs"),
+])
+def test_a_send_its_peer_never_received_fails_the_launch_in_every_backend(backend, match):
+    with pytest.raises(RankError, match=match):
+        launch(_one_unmatched_isend, 2, timeout=10, backend=backend)

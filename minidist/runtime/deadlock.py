@@ -13,6 +13,7 @@ from __future__ import annotations
 from minidist.runtime import shm
 
 R_MOVES, R_WAITN, R_WAITFOR, MAX_PEERS = 2, 3, 56, 8  # board record words (see shm.py's record layout)
+UNFINISHED = "left unfinished when fn returned"  # how a wait of Transport.flush describes itself
 
 
 def publish_waits(board: shm.Board, rank: int, peers) -> None:
@@ -66,15 +67,20 @@ def snapshot(board: shm.Board, cycle: list[int]) -> tuple:
 
 def describe(board: shm.Board, cycle: list[int]) -> str:
     """The cycle in words, and what usually causes such a cycle."""
-    steps, calls = [], set()
+    steps, calls, descs = [], set(), []
     for i, r in enumerate(cycle):
         _, _, desc = board.describe(r)
-        steps.append(f"rank {r} waits in {desc} for rank {cycle[(i + 1) % len(cycle)]}")
+        descs.append(desc)
+        sep = "," if desc.endswith(UNFINISHED) else ""
+        steps.append(f"rank {r} waits in {desc}{sep} for rank {cycle[(i + 1) % len(cycle)]}")
         calls.add(desc.split(": ", 1)[0] if " on " in desc else "p2p")
     text = "deadlock: " + "; ".join(steps)
     if len(calls) > 1:
         text += (" (the ranks are in different calls: collectives on a group must be called by all its members "
                  "in the same order; do the ranks agree about each group's membership?)")
+    elif all(d.endswith(UNFINISHED) for d in descs):
+        text += (" (messages nobody matched: every isend needs a recv or irecv on its peer, and every irecv a "
+                 "send; a send is done only when its peer has taken it)")
     elif calls == {"p2p"}:
         text += " (each waits for the other: a blocking receive or send on both sides before either answers?)"
     return text

@@ -251,9 +251,18 @@ class InProcessTransport:
         return False
 
     def flush(self) -> None:
-        """Finish every receive still in flight (the rank's function returned with some)."""
+        """Finish every receive still in flight (the rank's function returned with some), and refuse to finish
+        with a plain send to this rank nobody received: over shared memory its sender would still wait for it."""
         if self.mine:
             self.wait(list(self.mine))
+        for src in range(self.world):
+            left = [m for m in self.ex.queued.get((src, self.rank), ()) if m.send is not None]
+            if left:
+                m = left[0]
+                raise PeerExitedError(
+                    f"rank {self.rank} returned from fn without receiving {m.send.describe()} from rank {src}"
+                    f"{f' (+{len(left) - 1} more)' if len(left) > 1 else ''}: every send needs a recv or irecv on its "
+                    f"peer, and rank {src} would wait for it forever")
 
     def close(self) -> None:
         pass

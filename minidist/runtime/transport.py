@@ -327,6 +327,7 @@ class Transport:
         self.stash: dict[int, list] = {}
         self.failed: list = []  # ops whose error has not been raised yet
         self.coll = None  # (ranks, group key, seq, signature) of the collective in progress
+        self.finishing = False  # fn has returned: what is still in flight is waited for in flush
         self.spin = spin_seconds()
         # between two looks of a poll: give the core away when ranks outnumber cores (see spin_seconds)
         self.pause = os.sched_yield if oversubscribed(self.world) and hasattr(os, "sched_yield") else None
@@ -814,7 +815,7 @@ class Transport:
         what = ", ".join(waiting[:4]) + (f" (+{len(waiting) - 4} more)" if len(waiting) > 4 else "")
         if self.coll is not None:  # name the call and its group: ranks may disagree about either
             what = f"{self.coll[3].decode(errors='replace')}: {what}"
-        return what
+        return f"{what}, {deadlock.UNFINISHED}" if self.finishing else what
 
     def _check_deadlock(self, suspect, now: float):
         """Raise DeadlockError if a cycle of blocked ranks through this one has not moved since the last look.
@@ -1038,6 +1039,7 @@ class Transport:
         if self.failed:
             self._raise_failed(list(self.failed))
         if ops:
+            self.finishing = True
             self.wait(ops)
 
     def ring_all(self) -> None:
