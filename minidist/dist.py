@@ -135,8 +135,9 @@ def _peer(ctx, peer: int, op: str, role: str, group: ProcessGroup | None) -> int
 
 
 def _tag(tag, op: str) -> int:
-    if not isinstance(tag, (int, np.integer)) or tag < 0:
-        raise ValueError(f"{op}: tag must be an int >= 0, got {tag!r}")
+    # a message header carries the tag as a signed 64-bit word; the collectives use the negative ones
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < 2**63:
+        raise ValueError(f"{op}: tag must be an int from 0 to 2**63 - 1, got {tag!r}")
     return int(tag)
 
 

@@ -663,3 +663,20 @@ def test_isends_nobody_received_are_named_as_such(no_leaks):
 def test_a_send_its_peer_never_received_fails_the_launch_in_every_backend(backend, match):
     with pytest.raises(RankError, match=match):
         launch(_one_unmatched_isend, 2, timeout=10, backend=backend)
+
+
+def _tagged(tag):
+    x = np.arange(3.0)
+    if dist.get_rank() == 0:
+        dist.send(x, 1, tag=tag)
+        return None
+    y = np.zeros(3)
+    dist.recv(y, 0, tag=tag)
+    return y.tolist()
+
+
+def test_the_largest_tag_travels_and_a_tag_out_of_range_is_named():
+    assert launch(_tagged, 2, args=(2**63 - 1,))[1] == [0.0, 1.0, 2.0]
+    for bad in (-3, 2**63, 2**70, True, 1.0):
+        with pytest.raises(RankError, match=r"(send|recv): tag must be an int from 0 to 2\*\*63 - 1, got"):
+            launch(_tagged, 2, args=(bad,), timeout=10)
