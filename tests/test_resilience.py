@@ -20,6 +20,7 @@ from minidist.parallel.checkpoint_sweep import SweepPoint, fitted_optimum
 from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.memory import state_bytes_per_param
 from minidist.parallel.rank_state import capture, merge, restore
+from minidist.parallel.restart import step_loss
 from minidist.resilience import CheckpointError, Faults, RankFailure, committed, latest, read
 from minidist.resilience.store import commit, write_rank
 
@@ -153,7 +154,7 @@ def _rewrite(src: Path, dst: Path, cfg, layout: ParallelConfig) -> None:
 
 def latest_losses(ranks) -> list[float]:
     metas = [m for _, m in ranks]
-    return [float(sum(m["losses"][s] for m in metas if m["lead"])) for s in range(len(metas[0]["losses"]))]
+    return [step_loss(m["losses"][s] for m in metas if m["lead"]) for s in range(len(metas[0]["losses"]))]
 
 
 PAIRS = [
@@ -235,3 +236,10 @@ def test_failure_arithmetic():
         Faults(mtbf=-1.0)
     with pytest.raises(ValueError, match="in_place"):
         Faults(kill=((0, 1),), in_place=True)
+
+
+def test_a_steps_loss_is_the_same_from_the_ranks_and_from_a_checkpoint():
+    # the ranks hand over numpy float64s, a checkpoint gives back Python floats; Python 3.12's sum() adds the
+    # latter with compensation and the former one by one, which split 1e16 + 1 - 1e16 + 1 into 2.0 and 1.0
+    shares = [1e16, 1.0, -1e16, 1.0]
+    assert step_loss(np.array(shares)) == step_loss(shares) == step_loss(iter(shares)) == 2.0

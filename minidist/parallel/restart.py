@@ -12,6 +12,7 @@ checkpoint itself, so the final result covers the whole run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
@@ -23,6 +24,15 @@ from minidist.parallel.rank_state import merge
 from minidist.resilience.failures import Faults, RankFailure
 from minidist.resilience.store import latest
 from minidist.runtime import RankError
+
+
+def step_loss(parts) -> float:
+    """A step's loss from the lead ranks' shares, the same whether they come from the ranks or a checkpoint.
+
+    The correctly rounded sum: Python's ``sum`` adds floats read back from a checkpoint with compensation
+    (3.12 and later) but numpy's float64s from the ranks one by one, so a restarted run's losses could differ
+    from the uninterrupted run's in the last bit."""
+    return math.fsum(float(v) for v in parts)
 
 
 class Attempts:
@@ -82,7 +92,7 @@ class Attempts:
         metas = [meta for _, meta in ranks]
         n = len(metas[0]["losses"])  # the steps the writing attempt ran before this checkpoint
         lead = [m for m in metas if m["lead"]]
-        self.losses = manifest["losses"] + [float(sum(m["losses"][s] for m in lead)) for s in range(n)]
+        self.losses = manifest["losses"] + [step_loss(m["losses"][s] for m in lead) for s in range(n)]
         self.times = manifest["times"] + [max(w[s][1] - w[s][0] for w in (m["windows"] for m in metas))
                                           for s in range(n)]
         return {"step": manifest["step"], "full": merge(ranks), "rng": manifest["rng"], "losses": self.losses,

@@ -33,7 +33,7 @@ from minidist.parallel.mixed_precision import MixedPrecision, unscale_and_agree
 from minidist.parallel.parallelize import parallelize, split_sizes
 from minidist.parallel.pipeline_stages import layer_costs
 from minidist.parallel.refusals import check_layout, check_shape_only
-from minidist.parallel.restart import Attempts
+from minidist.parallel.restart import Attempts, step_loss
 from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
 from minidist.resilience.failures import Faults
 from minidist.runtime import launch
@@ -262,7 +262,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
     ran = steps - start  # an attempt that resumed ran the last steps only
-    losses = attempts.losses + [float(sum(o["losses"][s] for o in lead)) for s in range(ran)]
+    losses = attempts.losses + [step_loss(o["losses"][s] for o in lead) for s in range(ran)]
     windows = [o["windows"] for o in out]
     time = attempts.times + [max(w[s][1] - w[s][0] for w in windows) for s in range(ran)]
     rep = getattr(res, "representatives", None) or list(range(len(out)))  # a rank's trace is its representative's
