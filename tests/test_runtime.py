@@ -680,3 +680,31 @@ def test_the_largest_tag_travels_and_a_tag_out_of_range_is_named():
     for bad in (-3, 2**63, 2**70, True, 1.0):
         with pytest.raises(RankError, match=r"(send|recv): tag must be an int from 0 to 2\*\*63 - 1, got"):
             launch(_tagged, 2, args=(bad,), timeout=10)
+
+
+def _peer_stopped_with_its_message_waiting():
+    if dist.get_rank() == 1:
+        dist.send(np.array([os.getpid()], np.int64), 0, tag=9)
+        x = np.zeros(4)
+        dist.recv(x, 0, tag=1)  # rank 0 stops this process here, then sends
+        dist.send(x + 1, 0, tag=2)
+        return float(x[0])
+    import threading
+
+    pid = np.zeros(1, np.int64)
+    dist.recv(pid, 1, tag=9)
+    time.sleep(0.3)  # rank 1 is now blocked in its receive, on the board
+    os.kill(int(pid[0]), signal.SIGSTOP)
+    threading.Timer(2.5, os.kill, (int(pid[0]), signal.SIGCONT)).start()
+    sent = dist.isend(np.full(4, 7.0), 1, tag=1)
+    y = np.zeros(4)
+    dist.recv(y, 1, tag=2)  # rank 0 waits for rank 1, whose record still says it waits for rank 0
+    sent.wait()
+    return float(y[0])
+
+
+def test_a_rank_kept_from_running_is_not_mistaken_for_a_deadlock(no_leaks):
+    # a busy machine can keep a woken rank off the CPU as a SIGSTOP does; its record then stays as it was
+    t0 = time.monotonic()
+    assert list(launch(_peer_stopped_with_its_message_waiting, 2, timeout=20)) == [8.0, 7.0]
+    assert time.monotonic() - t0 >= 2.5

@@ -3,7 +3,9 @@
 Every rank that blocks in a communication call writes on the board whom it waits for, and counts
 the times its wait moved data. A rank blocked for a while follows those edges from itself: if they
 lead back to it through ranks that are all blocked, and a moment later the same ranks are still in
-the same waits with the same counts, no rank of the cycle can ever be woken by another: a deadlock.
+the same waits with the same counts, each having looked at its channels again in between (a rank that a busy
+machine, or a SIGSTOP, kept from running has not looked, and may yet find its message), no rank of the cycle can
+ever be woken by another: a deadlock.
 Typical causes are two receives posted before their sends, and ranks that disagree about which
 group a collective runs on (each waits in its own version of the call).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 from minidist.runtime import shm
 
 R_MOVES, R_WAITN, R_WAITFOR, MAX_PEERS = 2, 3, 56, 8  # board record words (see shm.py's record layout)
+R_LOOKS = (shm.G_OFF + shm.G_SLOTS * shm.G_BYTES) // 8  # after the collectives' table: a blocked rank's looks
 UNFINISHED = "left unfinished when fn returned"  # how a wait of Transport.flush describes itself
 
 
@@ -58,6 +61,15 @@ def find_cycle(board: shm.Board, me: int) -> list[int] | None:
         return None
 
     return walk(me)
+
+
+def looked(board: shm.Board, rank: int) -> None:
+    """Count one look of a blocked ``rank`` at its channels (it was running then, whatever it found)."""
+    board.q[board.rec[rank] + R_LOOKS] += 1
+
+
+def looks(board: shm.Board, cycle: list[int]) -> tuple:
+    return tuple(board.q[board.rec[r] + R_LOOKS] for r in cycle)
 
 
 def snapshot(board: shm.Board, cycle: list[int]) -> tuple:

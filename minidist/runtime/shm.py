@@ -37,7 +37,7 @@ HDR_BYTES = 1024
 
 # board record fields (int64 / float64 words, then byte areas)
 R_STATE, R_SINCE, R_DESCLEN, R_NAP, R_PID, R_PROBE = 0, 1, 4, 5, 6, 7  # R_PID, R_PROBE: see cma.py
-R_DESC_OFF, R_DESC_MAX = 64, 384  # words 2, 3 and 56-63: deadlock.py
+R_DESC_OFF, R_DESC_MAX = 64, 384  # words 2, 3, 56-63 and the one after the G table: deadlock.py
 # then a table of the last collective called on each group: key, seq, crc, siglen, signature text
 G_OFF, G_SLOTS, G_BYTES = 512, 29, 256
 G_SIG_MAX = G_BYTES - 32

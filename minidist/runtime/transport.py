@@ -776,6 +776,7 @@ class Transport:
                     self.board.set_desc(self.rank, self._what(ops))
                     deadlock.publish_waits(self.board, self.rank, [op.peer for op in ops if not op.done])
                 self._sleep(min(deadline - now, 0.05 if not described else 0.25))
+                deadlock.looked(self.board, self.rank)
         finally:
             if blocked:
                 for c, w in flags:
@@ -825,10 +826,12 @@ class Transport:
         cycle = deadlock.find_cycle(self.board, self.rank)
         if cycle is None:
             return None
-        snap = deadlock.snapshot(self.board, cycle)
-        if suspect is not None and suspect[0] == snap and now - suspect[1] >= 0.3:
+        snap, looks = deadlock.snapshot(self.board, cycle), deadlock.looks(self.board, cycle)
+        if suspect is None or suspect[0] != snap:
+            return snap, now, looks
+        if now - suspect[1] >= 0.3 and all(a > b for a, b in zip(looks, suspect[2])):  # each ran, and found nothing
             raise DeadlockError(deadlock.describe(self.board, cycle))
-        return suspect if suspect is not None and suspect[0] == snap else (snap, now)
+        return suspect
 
     def _check_peers(self, ops, slow: bool = True) -> None:
         """Turn a wait that can never end into an error: another rank failed, finished or disagrees.
