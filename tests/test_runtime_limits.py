@@ -16,7 +16,7 @@ import pytest
 
 import minidist.dist as dist
 from minidist.runtime import launch, shm
-from tests.test_runtime import _children, no_leaks  # noqa: F401  (a fixture)
+from tests.test_runtime import no_leaks  # noqa: F401  (a fixture)
 
 GiB = 1 << 30
 

@@ -147,8 +147,8 @@ def _enough_files(world: int) -> None:
     raise OSError(errno.EMFILE, _files_text(world, need, soft, hard))
 
 
-_FILES_WAY_OUT = ("raise it before starting Python or Jupyter (`ulimit -n {n}` in the shell), or pass "
-                  "backend='inprocess' (ranks as threads of this process: the same results and clocks, no files)")
+AS_THREADS = "backend='inprocess' (ranks as threads of this process: the same results and clocks)"  # the way out
+_FILES_WAY_OUT = "raise it before starting Python or Jupyter (`ulimit -n {n}` in the shell), or pass " + AS_THREADS
 
 
 def _files_text(world: int, need: int, soft: int, hard: int) -> str:
@@ -170,8 +170,7 @@ def _start_failed(e: OSError, rank: int, world: int) -> OSError | None:
                 f"{world}, {FILES_PER_RANK} files per rank; " + _FILES_WAY_OUT.format(n=max(4096, 2 * soft)))
     elif e.errno in (errno.EAGAIN, errno.ENOMEM):
         text = (f"launch: the system would not start rank {rank} of {world} ({e.strerror}): a limit on processes "
-                f"(`ulimit -u`, a container's pid limit) or on memory was reached; use fewer ranks, or "
-                f"backend='inprocess' (ranks as threads of this process: the same results and clocks)")
+                f"(`ulimit -u`, a container's pid limit) or on memory was reached; use fewer ranks, or {AS_THREADS}")
     else:
         return None
     return OSError(e.errno, text)
@@ -568,8 +567,7 @@ def launch(
                 raise
             raise OSError(e.errno, f"launch: the system would not reserve {layout.size / 2**20:,.0f} MB of shared "
                                    f"memory for the channels of {world_size} ranks ({e.strerror}); use fewer ranks, "
-                                   f"or backend='inprocess' (ranks as threads of this process: the same results "
-                                   f"and clocks)") from e
+                                   f"or {AS_THREADS}") from e
         mm, name = seg.mm, seg.name
         procs, readers, bells = [], {}, []
         board = shm.Board(mm, layout)
