@@ -184,6 +184,7 @@ def paired_with_copies(op: str, make_call, r: int, p: int, exchange, sync) -> tu
     the library's call on the buffers; ``exchange`` is the library's all-gather of a tuple of ints."""
     n = SIZES[-1]
     x, y, piece = np.zeros(n // 4, np.float32), np.ones(n // 4, np.float32), np.ones(n // 4 // p, np.float32)
+    x[:] = 0  # written: an untouched x reads as the kernel's one zero page (see _minidist_worker)
     call = make_call(x, y, piece)
     peers = exchange((os.getpid(), piece.ctypes.data, x.ctypes.data))
     blk = y.nbytes // p
