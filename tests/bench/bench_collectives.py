@@ -252,6 +252,7 @@ def _mpi_backend_worker(sizes, ops, alg):
         for n in sizes:
             k = n // 4
             x = np.zeros(k, np.float32)
+            x[:] = 0  # written: see _minidist_worker
             y = np.empty(k, np.float32)
             piece = np.ones(k // p, np.float32)
             call = _minidist_call(op, x, y, piece, alg)
