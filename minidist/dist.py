@@ -15,6 +15,8 @@ the roofline by hand), ``memory()`` (this rank's ledger) and ``cluster()``.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from minidist.runtime.context import current
@@ -24,7 +26,8 @@ from minidist.runtime.work import Work
 
 __all__ = [
     "ReduceOp", "Work", "ProcessGroup", "get_rank", "get_world_size", "is_initialized", "new_group",
-    "get_group_rank", "get_global_rank", "send", "recv", "isend", "irecv", "now", "compute", "memory", "cluster",
+    "get_group_rank", "get_global_rank", "get_process_group_ranks", "group", "send", "recv", "isend", "irecv",
+    "now", "compute", "memory", "cluster",
     "broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh", "progress",
     "init", "destroy_process_group",
@@ -71,32 +74,72 @@ def init(backend: str = "mpi", cluster=None, timeout: float = 60.0) -> int:
                          f"{backend!r}")
     if in_rank():
         raise RuntimeError("md.dist.init: this process is already a rank (init was called twice, or inside md.launch)")
-    return start_rank(cluster, timeout).rank
+    ctx = start_rank(cluster, timeout)
+    ctx.standalone = True
+    return ctx.rank
 
 
-def destroy_process_group() -> None:
-    """Finish the messages in flight and leave the world that ``init`` joined."""
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Leave the world: after ``init``, finish the messages in flight and detach from MPI; inside ``md.launch``,
+    this rank's later ``md.dist`` calls raise, as torch's do (the rank's world itself ends when fn returns).
+
+    A ``group`` holds nothing to free here, so destroying one does nothing."""
     from minidist.runtime.mpi_worker import stop_rank
 
-    stop_rank()
+    if group is not None:
+        _group(group, "destroy_process_group")
+        return
+    ctx = current("md.dist.destroy_process_group")
+    if ctx.standalone:
+        stop_rank()
+    else:
+        ctx.destroyed = True
 
 
 # -- ranks and groups ----------------------------------------------------------------------
 def is_initialized() -> bool:
-    from minidist.runtime.context import in_rank
+    from minidist.runtime import context
 
-    return in_rank()
+    return context.in_rank() and not context._current.destroyed
+
+
+class group:
+    """``group.WORLD``: the default group, as in torch.distributed (``None`` means the same everywhere here)."""
+
+    WORLD = None
+
+
+def _group(group, op: str) -> ProcessGroup | None:
+    if group is not None and not isinstance(group, ProcessGroup):
+        hint = ""
+        if op in ("send", "recv") and isinstance(group, (int, np.integer)):
+            hint = f" (torch.distributed's order puts group before tag: pass tag={group} by name)"
+        raise TypeError(f"{op}: group must be a ProcessGroup (from md.dist.new_group or a mesh) or None, got "
+                        f"{type(group).__name__} {group!r:.40}{hint}")
+    return group
+
+
+def _not_in(ctx, group: ProcessGroup | None, op: str) -> bool:
+    """True (after a warning) if this rank is not in ``group``: there, as in torch.distributed, a call does nothing."""
+    if group is None or ctx.rank in group:
+        return False
+    warnings.warn(f"md.dist.{op}: rank {ctx.rank} is not a member of {group}, so the call does nothing on it "
+                  f"(as in torch.distributed)", stacklevel=3)
+    return True
 
 
 def get_rank(group: ProcessGroup | None = None) -> int:
     """This rank's global rank, or its rank inside ``group`` (-1 if not a member)."""
     ctx = current("md.dist.get_rank")
-    return ctx.rank if group is None else group.group_rank(ctx.rank)
+    return ctx.rank if group is None else _group(group, "get_rank").group_rank(ctx.rank)
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:
+    """The number of ranks in the world, or in ``group`` (-1 if this rank is not a member, as in torch)."""
     ctx = current("md.dist.get_world_size")
-    return ctx.world_size if group is None else group.size()
+    if group is None:
+        return ctx.world_size
+    return _group(group, "get_world_size").size() if ctx.rank in group else -1
 
 
 def new_group(ranks=None) -> ProcessGroup:
@@ -110,12 +153,28 @@ def new_group(ranks=None) -> ProcessGroup:
     return g
 
 
-def get_group_rank(group: ProcessGroup, global_rank: int) -> int:
-    return group.group_rank(global_rank)
+def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
+    """The rank of global rank ``global_rank`` inside ``group`` (ValueError if it is not a member)."""
+    if _group(group, "get_group_rank") is None:
+        return int(global_rank)
+    r = group.group_rank(global_rank)
+    if r < 0:
+        raise ValueError(f"get_group_rank: global rank {global_rank!r} is not part of {group}")
+    return r
 
 
-def get_global_rank(group: ProcessGroup, group_rank: int) -> int:
+def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
+    """The global rank of rank ``group_rank`` of ``group`` (ValueError if the group has no such rank)."""
+    if _group(group, "get_global_rank") is None:
+        return int(group_rank)
     return group.global_rank(group_rank)
+
+
+def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:
+    """The global ranks of ``group``, in group-rank order."""
+    if _group(group, "get_process_group_ranks") is None:
+        return list(range(current("md.dist.get_process_group_ranks").world_size))
+    return list(group.ranks)
 
 
 def cluster():
@@ -124,13 +183,21 @@ def cluster():
 
 
 # -- point to point ------------------------------------------------------------------------
-def _peer(ctx, peer: int, op: str, role: str, group: ProcessGroup | None) -> int:
-    if not isinstance(peer, (int, np.integer)) or not 0 <= peer < ctx.world_size:
+def _peer(ctx, peer, group_peer, op: str, role: str, group: ProcessGroup | None) -> int:
+    if group_peer is not None:  # torch's group_dst / group_src: a rank of ``group`` instead of a global one
+        if peer is not None:
+            raise ValueError(f"{op}: give {role} or group_{role}, not both")
+        if group is None:
+            raise ValueError(f"{op}: group_{role}={group_peer!r} needs group=")
+        peer = group.global_rank(group_peer)
+    if peer is None and role == "src":
+        raise ValueError(f"{op}: minidist receives only from a named sender: pass src (a global rank)")
+    if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool) or not 0 <= peer < ctx.world_size:
         raise ValueError(f"{op}: {role}={peer!r} is not a rank of the world of {ctx.world_size}")
     if peer == ctx.rank:
         raise ValueError(f"{op}: rank {ctx.rank} cannot {op} to/from itself ({role}={peer})")
-    if group is not None and (peer not in group or ctx.rank not in group):
-        raise ValueError(f"{op}: ranks {ctx.rank} and {peer} must both be in {group}")
+    if group is not None and peer not in group:
+        raise ValueError(f"{op}: {role}={peer} is not in {group}")
     return int(peer)
 
 
@@ -141,24 +208,33 @@ def _tag(tag, op: str) -> int:
     return int(tag)
 
 
-def isend(tensor, dst: int, tag: int = 0, group: ProcessGroup | None = None) -> Work:
-    """Start sending ``tensor`` to global rank ``dst``; do not modify it before ``wait()``."""
+def isend(tensor, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
+          group_dst: int | None = None) -> Work | None:
+    """Start sending ``tensor`` to global rank ``dst``; do not modify it before ``wait()``.
+
+    The arguments are torch.distributed's, in its order: ``group`` before ``tag``."""
     ctx = current("md.dist.isend")
-    dst = _peer(ctx, dst, "send", "dst", group)
+    if _not_in(ctx, _group(group, "send"), "isend"):
+        return None
+    dst = _peer(ctx, dst, group_dst, "send", "dst", group)
     arr = contiguous(as_array(tensor, "send"))[0]
     ready = ctx.clock.begin_comm()
     op = ctx.transport.isend(arr, dst, _tag(tag, "send"), ready)
     return Work(ctx, [op], ready, op.end, f"send->{dst}", arr.nbytes)
 
 
-def irecv(tensor, src: int, tag: int = 0, group: ProcessGroup | None = None) -> Work:
+def irecv(tensor, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
+          group_src: int | None = None) -> Work | None:
     """Start receiving into ``tensor`` (in place) from global rank ``src``."""
     ctx = current("md.dist.irecv")
-    src = _peer(ctx, src, "recv", "src", group)
+    if _not_in(ctx, _group(group, "recv"), "irecv"):
+        return None
+    src = _peer(ctx, src, group_src, "recv", "src", group)
     arr, back = contiguous(as_array(tensor, "recv", writable=True))
     ready = ctx.clock.begin_comm()
     op = ctx.transport.irecv(arr, src, _tag(tag, "recv"), ready)
     w = Work(ctx, [op], ready, ready, f"recv<-{src}", arr.nbytes)
+    w.source = src
     if back is not None:
         wait = w.wait
 
@@ -171,15 +247,22 @@ def irecv(tensor, src: int, tag: int = 0, group: ProcessGroup | None = None) -> 
     return w
 
 
-def send(tensor, dst: int, tag: int = 0, group: ProcessGroup | None = None) -> None:
+def send(tensor, dst: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
+         group_dst: int | None = None) -> None:
     """Send ``tensor`` to ``dst``; returns once ``dst`` has received it. Costs alpha + n/beta."""
-    isend(tensor, dst, tag, group).wait()
+    w = isend(tensor, dst, group, tag, group_dst)
+    if w is not None:
+        w.wait()
 
 
-def recv(tensor, src: int, tag: int = 0, group: ProcessGroup | None = None) -> int:
-    """Receive into ``tensor`` from ``src``; returns ``src`` like torch.distributed."""
-    irecv(tensor, src, tag, group).wait()
-    return src
+def recv(tensor, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
+         group_src: int | None = None) -> int:
+    """Receive into ``tensor`` from ``src``; returns the sender's global rank (-1 off ``group``), as torch does."""
+    w = irecv(tensor, src, group, tag, group_src)
+    if w is None:
+        return -1
+    w.wait()
+    return w.source
 
 
 # -- the simulated device ------------------------------------------------------------------

@@ -13,6 +13,7 @@ call after call (the signature text, the algorithm choice) are computed once and
 from __future__ import annotations
 
 import math
+import warnings
 import zlib
 from functools import lru_cache
 
@@ -123,13 +124,14 @@ class _Plan:
     __slots__ = ("cluster", "group", "comm", "fn", "sig", "talks", "agree")
 
 
-def _plan(ctx, key: tuple | None, coll: str, name: str, group, algorithm, nbytes: int, detail) -> _Plan:
-    """The plan of a call this rank meets for the first time (remembered under ``key``, unless None)."""
+def _plan(ctx, key: tuple | None, coll: str, name: str, group, algorithm, nbytes: int, detail) -> _Plan | None:
+    """The plan of a call this rank meets for the first time (remembered under ``key``, unless None); None if
+    this rank is not in the group."""
     g = ctx.world if group is None else group
     if not isinstance(g, ProcessGroup):
         raise TypeError(f"{name}: group must be a ProcessGroup (from new_group or a mesh), got {type(g).__name__}")
     if ctx.rank not in g:
-        raise ValueError(f"{name}: rank {ctx.rank} is not a member of {g}")
+        return None
     c = Comm(ctx, g.ranks, _Cursor(0.0), -(g.key << 6) - 1, b"", name)
     if algorithm is None:
         algorithm = _choose(coll, nbytes, c)
@@ -164,7 +166,9 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
     ``detail`` describes the arguments in the signature: a string, or (formatter, *args) to format only
     the first time this rank makes that call.
     """
-    ctx = context._current or current("md.dist." + name)  # current() only to say what is missing
+    ctx = context._current
+    if ctx is None or ctx.destroyed:
+        ctx = current("md.dist." + name)  # only to say what is missing
     key = (coll, name, group, algorithm, nbytes, detail)
     try:
         plan = ctx.plans.get(key)
@@ -172,6 +176,10 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
         plan = key = None
     if plan is None or plan.cluster is not ctx.cluster:
         plan = _plan(ctx, key, coll, name, group, algorithm, nbytes, detail)
+        if plan is None:  # torch.distributed's rule: a rank outside the group returns at once
+            warnings.warn(f"md.dist.{name}: rank {ctx.rank} is not a member of {group}, so the call does nothing "
+                          f"on it (as in torch.distributed)", stacklevel=3)
+            return None
     tp, clock = ctx.transport, ctx.clock
     start = clock.begin_comm()
     c = plan.comm
@@ -235,7 +243,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: s
 def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
     """Combine ``tensor`` over ranks with ``op``; the result lands in ``tensor`` on global rank ``dst``."""
     arr = _arr(tensor, "reduce")
-    op = as_op(op)
+    op = as_op(op, "reduce")
     _avg_ok(op, arr, "reduce")
     root = _root(dst, group, "reduce", "dst")
     ctx = current("md.dist.reduce")
@@ -262,7 +270,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
     flags = tensor.flags if type(tensor) is np.ndarray else None
     ok = flags is not None and flags.writeable and tensor.dtype.kind in "biufc"
     arr = tensor if ok else _arr(tensor, "all_reduce")
-    op = op if type(op) is ReduceOp else as_op(op)
+    op = op if type(op) is ReduceOp else as_op(op, "all_reduce")
     detail = (_with_op, arr.shape, arr.dtype, op)
     if op is not _AVG and (flags if ok else arr.flags).c_contiguous:  # the common case, nothing to do afterwards
         flat = arr if arr.ndim == 1 else arr.reshape(-1)
@@ -307,6 +315,9 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
     if g.group_rank(ctx.rank) == root:
         chunks = [np.require(a, requirements="C").reshape(-1) for a in _list_of(scatter_list, arr, "scatter",
                                                                        "scatter_list", g.size())]
+    elif scatter_list and ctx.rank in g:  # torch refuses it too: code that passes one everywhere fails there
+        raise ValueError(f"scatter: scatter_list is given on rank {ctx.rank}, but only the source (src={src}) may "
+                         f"pass one, as in torch.distributed (pass None elsewhere)")
     return _run("scatter", "scatter", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
                 (flat, chunks, root), back)
@@ -328,6 +339,9 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
             chunks.append(f)
             if b is not None:
                 backs.append(b)
+    elif gather_list and ctx.rank in g:
+        raise ValueError(f"gather: gather_list is given on rank {ctx.rank}, but only the destination (dst={dst}) "
+                         f"may pass one, as in torch.distributed (pass None elsewhere)")
     return _run("gather", "gather", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, dst={dst}", async_op,
                 (inp, chunks, root), lambda: [b() for b in backs])
@@ -373,7 +387,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     """Reduce ``input`` over ranks and give rank i the i-th dim-0 block of the result in ``output``."""
     inp = _arr(input, "reduce_scatter_tensor", writable=False)
     out = _arr(output, "reduce_scatter_tensor")
-    op = as_op(op)
+    op = as_op(op, "reduce_scatter_tensor")
     _avg_ok(op, out, "reduce_scatter_tensor")
     ctx = current("md.dist.reduce_scatter_tensor")
     p = (ctx.world if group is None else group).size()
@@ -399,7 +413,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
 
 
 def _splits(splits, rows: int, p: int, name: str, what: str) -> list[int]:
-    if splits is None:
+    if splits is None or (isinstance(splits, (list, tuple)) and not splits):  # torch: None or empty, equal rows
         if rows % p:
             raise ValueError(f"all_to_all_single: {what} has {rows} rows along dim 0, not divisible by {p} ranks; "
                              f"pass {name}")

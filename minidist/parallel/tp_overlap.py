@@ -102,7 +102,7 @@ def all_gather_matmul(x: np.ndarray, ws: list[np.ndarray], tp, axis: int = 1) ->
         work = []
         if s < t - 1:  # pass the shard on before multiplying it: the transfer runs under the matmul
             incoming = np.empty_like(cur)
-            work = [dist.isend(cur, nxt, TAG + s), dist.irecv(incoming, prev, TAG + s)]
+            work = [dist.isend(cur, nxt, tag=TAG + s), dist.irecv(incoming, prev, tag=TAG + s)]
         for w, out in zip(ws, outs):
             out[rows] = _matmul(cur, w)
         for wk in work:
@@ -131,13 +131,13 @@ def matmul_reduce_scatter(x: np.ndarray, w: np.ndarray, tp, axis: int = 1) -> np
         recv = None
         if s > 0:  # the running sum of this block, from the previous rank, arrives under this matmul
             incoming = np.empty_like(acc)
-            recv = dist.irecv(incoming, prev, TAG + s)
+            recv = dist.irecv(incoming, prev, tag=TAG + s)
         acc = _matmul(np.require(x[tuple(rows)], requirements="C"), w)
         if recv is not None:
             recv.wait()
             acc = incoming + acc
         if s < t - 1:
-            sends.append(dist.isend(acc, nxt, TAG + s + 1))
+            sends.append(dist.isend(acc, nxt, tag=TAG + s + 1))
     for wk in sends:
         wk.wait()
     return acc

@@ -19,6 +19,8 @@ class RankContext:
         self.world = ProcessGroup(range(world_size))
         self.seq: dict[int, int] = {}  # group key -> number of collectives started on it
         self.plans: dict = {}  # what the collectives layer remembers about each distinct call it made
+        self.standalone = False  # joined by md.dist.init (MPI), not started by md.launch
+        self.destroyed = False  # md.dist.destroy_process_group was called inside md.launch
 
     def next_seq(self, group: ProcessGroup) -> int:
         s = self.seq.get(group.key, 0) + 1
@@ -40,6 +42,10 @@ def current(what: str = "md.dist") -> RankContext:
         raise RuntimeError(
             f"{what} needs a simulated rank: call it inside a function run by md.launch(fn, world_size)"
         )
+    if _current.destroyed:
+        raise RuntimeError(
+            f"{what}: rank {_current.rank} called md.dist.destroy_process_group() earlier, so it has no process "
+            f"group any more; inside md.launch a rank's world ends when fn returns: call it last, or not at all")
     return _current
 
 

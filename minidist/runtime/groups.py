@@ -35,6 +35,8 @@ class ProcessGroup:
         return self._index.get(global_rank, -1)
 
     def global_rank(self, group_rank: int) -> int:
+        if not 0 <= group_rank < len(self.ranks):  # a negative index would wrap round to a real rank
+            raise ValueError(f"group rank {group_rank!r} is not part of {self} (group ranks 0..{len(self.ranks) - 1})")
         return self.ranks[group_rank]
 
     def __contains__(self, global_rank: int) -> bool:

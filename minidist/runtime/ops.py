@@ -55,8 +55,8 @@ UFUNCS = {  # each op's elementwise combiner (the ufunc property, as a plain loo
 }
 
 
-def as_op(op) -> ReduceOp:
-    """Accept a ReduceOp or its name ("sum", "SUM", ...)."""
+def as_op(op, where: str = "reduce op") -> ReduceOp:
+    """Accept a ReduceOp or its name ("sum", "SUM", ...); ``where`` names the call in the error."""
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
@@ -64,4 +64,4 @@ def as_op(op) -> ReduceOp:
             return ReduceOp[op.upper()]
         except KeyError:
             pass
-    raise ValueError(f"unknown reduce op {op!r}; use one of {[o.name for o in ReduceOp]}")
+    raise ValueError(f"{where}: unknown reduce op {op!r}; use one of {[o.name for o in ReduceOp]}")

@@ -1,0 +1,157 @@
+"""md.dist behaves as torch.distributed where code written for one would otherwise break on the other.
+
+Each point is torch's documented behaviour (torch/distributed/distributed_c10d.py): the point-to-point
+argument order (group before tag) and group_dst / group_src; a rank outside ``group`` returns at once with a
+warning (recv returns -1, get_world_size -1); get_group_rank and get_global_rank refuse ranks that are not in
+the group; scatter_list / gather_list only on the root; empty split lists; destroy_process_group.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import minidist.dist as dist
+from minidist.runtime import launch
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_point_to_point_takes_torchs_argument_order(backend):
+    def f():
+        r, g = dist.get_rank(), dist.new_group([0, 1])
+        x = np.full(3, float(r))
+        if r == 0:
+            dist.send(x, 1, g, 5)  # torch: send(tensor, dst, group, tag)
+            dist.isend(x + 1, group=g, tag=6, group_dst=1).wait()
+            return None
+        a, b = np.zeros(3), np.zeros(3)
+        got = dist.recv(a, 0, g, 5)
+        w = dist.irecv(b, group=g, tag=6, group_src=0)
+        w.wait()
+        return got, a.tolist(), b.tolist()
+
+    res = launch(f, 2, backend=backend)
+    assert res[1] == (0, [0.0] * 3, [1.0] * 3)
+
+
+def test_point_to_point_misuse_is_named():
+    def f():
+        x, errs = np.zeros(2), []
+        for call in (lambda: dist.send(x, 1, 5),  # the tag where torch has the group
+                     lambda: dist.recv(x),  # from any sender: torch allows it, minidist does not
+                     lambda: dist.send(x, 1, group_dst=1),
+                     lambda: dist.send(x, group=dist.new_group([0, 1]), group_dst=2)):
+            try:
+                call()
+            except (TypeError, ValueError) as e:
+                errs.append(str(e))
+        return errs
+
+    errs = launch(f, 2)[0]
+    assert "group before tag: pass tag=5 by name" in errs[0]
+    assert "receives only from a named sender" in errs[1]
+    assert "not both" in errs[2]
+    assert "group rank 2 is not part of ProcessGroup(ranks=[0, 1])" in errs[3]
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_a_rank_outside_the_group_returns_at_once_with_a_warning(backend):
+    def f():
+        r, g = dist.get_rank(), dist.new_group([0, 1])
+        x = np.full(2, float(r + 1))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            results = (dist.all_reduce(x, group=g), dist.all_reduce(x, group=g, async_op=True),
+                       dist.broadcast(x, src=0, group=g), dist.barrier(group=g))
+            sent = dist.send(x, 0, group=g) if r == 2 else None
+            got = dist.recv(x, 1, group=g) if r == 2 else None
+        shown = [str(w.message) for w in seen]
+        for w in results:
+            if w is not None:
+                w.wait()  # the members' async all-reduce
+        nones = tuple(w is None for w in results)
+        return x.tolist(), nones, sent, got, dist.get_world_size(g), dist.get_rank(g), shown
+
+    res = launch(f, 3, backend=backend)
+    assert res[0][0] == [6.0, 6.0] and res[1][0] == [6.0, 6.0]  # 1 + 2 summed twice, then rank 0 broadcasts
+    x, results, sent, got, size, rank, shown = res[2]
+    assert x == [3.0, 3.0] and results == (True,) * 4 and sent is None and got == -1  # untouched, like torch
+    assert size == -1 and rank == -1 and res[0][4] == 2
+    assert len(shown) == 6 and "rank 2 is not a member of ProcessGroup(ranks=[0, 1])" in shown[0]
+    assert "md.dist.all_reduce" in shown[0] and "md.dist.barrier" in shown[3] and "md.dist.irecv" in shown[5]
+
+
+def test_group_rank_lookups_refuse_ranks_outside_the_group():
+    def f():
+        g, out = dist.new_group([1, 3]), []
+        for call in (lambda: dist.get_group_rank(g, 0), lambda: dist.get_global_rank(g, -1),
+                     lambda: dist.get_global_rank(g, 2), lambda: dist.get_rank("dp")):
+            try:
+                out.append(call())
+            except (TypeError, ValueError) as e:
+                out.append(str(e))
+        out += [dist.get_group_rank(g, 3), dist.get_global_rank(g, 1), dist.get_group_rank(None, 2),
+                dist.get_global_rank(dist.group.WORLD, 2), dist.get_process_group_ranks(g),
+                dist.get_process_group_ranks(None), dist.get_world_size(dist.group.WORLD)]
+        return out
+
+    out = launch(f, 4)[0]
+    assert "global rank 0 is not part of ProcessGroup(ranks=[1, 3])" in out[0]
+    assert "group rank -1 is not part of" in out[1]  # not wrapped round to rank 3
+    assert "group rank 2 is not part of" in out[2]
+    assert "get_rank: group must be a ProcessGroup" in out[3]
+    assert out[4:] == [1, 3, 2, 2, [1, 3], [0, 1, 2, 3], 4]
+
+
+def test_scatter_and_gather_lists_belong_to_the_root_only():
+    def f():
+        r, errs = dist.get_rank(), []
+        lists = [np.zeros(1) for _ in range(3)]
+        if r:
+            for call in (lambda: dist.scatter(np.zeros(1), lists, src=0),
+                         lambda: dist.gather(np.zeros(1), lists, dst=0)):
+                try:
+                    call()
+                except ValueError as e:
+                    errs.append(str(e))
+        out = np.zeros(1)
+        dist.scatter(out, [np.array([7.0 * i]) for i in range(3)] if r == 0 else [], src=0)  # [] is "none"
+        got = [np.zeros(1) for _ in range(3)] if r == 0 else None
+        dist.gather(out + 1, got, dst=0)
+        return errs, out[0], None if got is None else [g[0] for g in got]
+
+    res = launch(f, 3)
+    assert res[0] == ([], 0.0, [1.0, 8.0, 15.0])
+    errs = res[1][0]
+    assert "scatter: scatter_list is given on rank 1, but only the source (src=0)" in errs[0]
+    assert "gather: gather_list is given on rank 1, but only the destination (dst=0)" in errs[1]
+
+
+def test_all_to_all_single_takes_empty_split_lists_as_none():
+    def f():
+        y = np.zeros(4)
+        dist.all_to_all_single(y, np.arange(4.0) + 10 * dist.get_rank(), [], [])
+        return y.tolist()
+
+    assert list(launch(f, 2)) == [[0.0, 1.0, 10.0, 11.0], [2.0, 3.0, 12.0, 13.0]]
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_destroy_process_group_inside_a_launch_ends_this_ranks_group(backend):
+    def f():
+        x = np.ones(2)
+        dist.all_reduce(x)
+        dist.destroy_process_group(dist.new_group([0, 1]))  # a group: nothing to free
+        before = dist.is_initialized()
+        dist.destroy_process_group()
+        after = dist.is_initialized()
+        try:
+            dist.all_reduce(x)
+        except RuntimeError as e:
+            return x.tolist(), before, after, str(e)
+
+    for r, (x, before, after, err) in enumerate(launch(f, 2, backend=backend)):
+        assert x == [2.0, 2.0] and before and not after
+        assert f"md.dist.all_reduce: rank {r} called md.dist.destroy_process_group() earlier" in err
