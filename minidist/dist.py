@@ -27,6 +27,8 @@ from minidist.runtime.work import Work
 __all__ = [
     "ReduceOp", "Work", "ProcessGroup", "get_rank", "get_world_size", "is_initialized", "new_group",
     "get_group_rank", "get_global_rank", "get_process_group_ranks", "group", "send", "recv", "isend", "irecv",
+    "P2POp", "batch_isend_irecv", "all_to_all", "reduce_scatter", "broadcast_object_list", "all_gather_object",
+    "gather_object", "scatter_object_list",
     "now", "compute", "memory", "cluster",
     "broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh", "progress",
@@ -265,6 +267,28 @@ def recv(tensor, src: int | None = None, group: ProcessGroup | None = None, tag:
     return w.source
 
 
+class P2POp:
+    """One point-to-point operation for ``batch_isend_irecv``: ``op`` is ``isend`` or ``irecv`` (torch's P2POp)."""
+
+    def __init__(self, op, tensor, peer: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
+                 group_peer: int | None = None) -> None:
+        if op not in (isend, irecv):
+            raise ValueError(f"P2POp: op must be md.dist.isend or md.dist.irecv, got {op!r:.60}")
+        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+        self.tag, self.group_peer = tag, group_peer
+
+
+def batch_isend_irecv(p2p_op_list: list) -> list[Work]:
+    """Start every operation of ``p2p_op_list`` (P2POps) at once; returns their Works, in order.
+
+    Sends here never wait for their receiver to be ready, so starting them one by one in the list's order
+    cannot deadlock: the batch needs no more than that (torch fuses the batch into one NCCL group)."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not all(isinstance(o, P2POp) for o in p2p_op_list):
+        raise TypeError("batch_isend_irecv: p2p_op_list must be a list of md.dist.P2POp")
+    works = [o.op(o.tensor, o.peer, o.group, o.tag, o.group_peer) for o in p2p_op_list]
+    return [w for w in works if w is not None]
+
+
 # -- the simulated device ------------------------------------------------------------------
 def now() -> float:
     """This rank's simulated time in seconds: the compute stream, i.e. the program's own time.
@@ -302,12 +326,20 @@ from minidist.collectives.api import (  # noqa: E402
     all_gather,
     all_gather_into_tensor,
     all_reduce,
+    all_to_all,
     all_to_all_single,
     barrier,
     broadcast,
     gather,
     reduce,
+    reduce_scatter,
     reduce_scatter_tensor,
     scatter,
+)
+from minidist.collectives.objects import (  # noqa: E402
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
 )
 from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401

@@ -155,3 +155,86 @@ def test_destroy_process_group_inside_a_launch_ends_this_ranks_group(backend):
     for r, (x, before, after, err) in enumerate(launch(f, 2, backend=backend)):
         assert x == [2.0, 2.0] and before and not after
         assert f"md.dist.all_reduce: rank {r} called md.dist.destroy_process_group() earlier" in err
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_object_collectives_move_python_objects(backend):
+    def f():
+        r = dist.get_rank()
+        objs = [{"a": 1}, "two", [3.0]] if r == 0 else [None] * 3
+        dist.broadcast_object_list(objs, src=0)
+        everyone = [None] * 3
+        dist.all_gather_object(everyone, {"rank": r, "pad": "x" * 100 * r})  # pickles of different lengths
+        got = [None] * 3 if r == 1 else None
+        dist.gather_object(("from", r), got, dst=1)
+        mine = [None]
+        dist.scatter_object_list(mine, [f"to {i}" * (i + 1) for i in range(3)] if r == 2 else None, src=2)
+        pair = [None] * 2
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            dist.all_gather_object(pair, r, group=dist.new_group([0, 2]))  # rank 1 is not a member
+        return objs, [e["rank"] for e in everyone], got, mine[0], pair, [str(w.message) for w in seen]
+
+    res = launch(f, 3, backend=backend)
+    for r, (objs, ranks, got, mine, pair, warned) in enumerate(res):
+        assert objs == [{"a": 1}, "two", [3.0]] and ranks == [0, 1, 2] and mine == f"to {r}" * (r + 1)
+        assert got == ([("from", 0), ("from", 1), ("from", 2)] if r == 1 else None)
+        assert pair == ([0, 2] if r != 1 else [None, None])
+        assert bool(warned) == (r == 1) and (not warned or "all_gather_object: rank 1 is not a member" in warned[0])
+
+
+def test_object_collectives_name_wrong_lists():
+    def f():
+        errs = []
+        for call in (lambda: dist.all_gather_object([None], 1), lambda: dist.broadcast_object_list((1, 2), src=0)):
+            try:
+                call()
+            except (TypeError, ValueError) as e:
+                errs.append(str(e))
+        return errs
+
+    errs = launch(f, 2)[0]
+    assert "object_list must be a list of 2 (one per rank of the group), got a list of 1" in errs[0]
+    assert "object_list must be a list (filled in place), got tuple" in errs[1]
+
+
+def test_list_forms_of_all_to_all_and_reduce_scatter_equal_numpy_and_the_tensor_forms():
+    p = 3
+
+    def sent(j, i):  # what rank j sends rank i: j + 1 elements, so the lists are uneven
+        return np.arange(j + 1, dtype=np.float64) + 10 * j + 100 * i
+
+    def f(listed):
+        r = dist.get_rank()
+        recv = [np.zeros(j + 1) for j in range(p)]
+        dist.all_to_all(recv, [sent(r, i) for i in range(p)])
+        blocks = [np.arange(4.0) * (i + 1) + r for i in range(p)]
+        y = np.zeros(4)
+        t0 = dist.now()
+        if listed:
+            dist.reduce_scatter(y, blocks, op=dist.ReduceOp.AVG)
+        else:
+            dist.reduce_scatter_tensor(y, np.concatenate(blocks), op=dist.ReduceOp.AVG)
+        return [a.tolist() for a in recv], y.tolist(), dist.now() - t0
+
+    for r, (listed, tensor) in enumerate(zip(launch(f, p, args=(True,)), launch(f, p, args=(False,)))):
+        assert listed[0] == [sent(j, r).tolist() for j in range(p)]
+        want = np.mean([np.arange(4.0) * (r + 1) + q for q in range(p)], axis=0)
+        assert listed[1] == tensor[1] and np.allclose(listed[1], want, rtol=0, atol=1e-12)
+        assert listed[2] == tensor[2] > 0  # the same algorithm, charged the same
+
+
+def test_batch_isend_irecv_runs_a_ring_without_deadlock():
+    def f():
+        r, p = dist.get_rank(), dist.get_world_size()
+        a, b = np.full(2, float(r)), np.zeros(2)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, b, (r - 1) % p), dist.P2POp(dist.isend, a, (r + 1) % p)])
+        for w in works:
+            w.wait()
+        try:
+            dist.P2POp(dist.send, a, 0)
+        except ValueError as e:
+            return b[0], len(works), str(e)
+
+    for r, (got, n, err) in enumerate(launch(f, 4)):
+        assert got == (r - 1) % 4 and n == 2 and "op must be md.dist.isend or md.dist.irecv" in err

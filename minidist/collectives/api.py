@@ -447,6 +447,65 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
                 (outs, ins), back)
 
 
+def _tensors(arrs, size: int, name: str, what: str, writable: bool) -> list[np.ndarray]:
+    if arrs is None or len(arrs) != size:
+        n = "None" if arrs is None else len(arrs)
+        raise ValueError(f"{name}: {what} must be a list of {size} tensors (one per rank of the group), got {n}")
+    return [_arr(a, name, writable) for a in arrs]
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool = False,
+               algorithm: str | None = None):
+    """Every rank's ``input_tensor_list[i]`` lands in rank i's ``output_tensor_list`` at the sender's index.
+
+    torch.distributed's list form: the tensors may differ in size (rank i's ``output_tensor_list[j]`` holds
+    as many elements as rank j's ``input_tensor_list[i]``), not in dtype. It runs as ``all_to_all_single`` on
+    the lists laid end to end."""
+    ctx = current("md.dist.all_to_all")
+    p = (ctx.world if group is None else group).size()
+    ins = _tensors(input_tensor_list, p, "all_to_all", "input_tensor_list", False)
+    outs = _tensors(output_tensor_list, p, "all_to_all", "output_tensor_list", True)
+    dtype = ins[0].dtype
+    odd = [f"{what}[{i}] is {a.dtype}" for what, arrs in (("input_tensor_list", ins), ("output_tensor_list", outs))
+           for i, a in enumerate(arrs) if a.dtype != dtype]
+    if odd:
+        raise ValueError(f"all_to_all: every tensor must have the dtype of input_tensor_list[0], {dtype}; "
+                         f"{', '.join(odd)}")
+    src = np.concatenate([a.reshape(-1) for a in ins])
+    flat = np.empty(sum(a.size for a in outs), dtype)
+    out_pieces = pieces(flat, [a.size for a in outs])
+
+    def after():
+        for a, piece in zip(outs, out_pieces):
+            a[...] = piece.reshape(a.shape)
+
+    return _run("all_to_all", "all_to_all", group, algorithm, dtype.itemsize, (_rows, (), dtype), async_op,
+                (out_pieces, pieces(src, [a.size for a in ins])), after)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False,
+                   algorithm: str | None = None):
+    """Reduce ``input_list`` over ranks; rank i receives the reduced ``input_list[i]`` in ``output`` (torch's
+    list form of ``reduce_scatter_tensor``: every entry has ``output``'s shape and dtype)."""
+    out = _arr(output, "reduce_scatter")
+    op = as_op(op, "reduce_scatter")
+    _avg_ok(op, out, "reduce_scatter")
+    ctx = current("md.dist.reduce_scatter")
+    p = (ctx.world if group is None else group).size()
+    scratch = np.concatenate([a.reshape(-1) for a in _list_of(input_list, out, "reduce_scatter", "input_list", p)])
+    flat, back = _flat(out)
+
+    def after():
+        if op is ReduceOp.AVG:
+            flat[...] /= p
+        if back is not None:
+            back()
+
+    return _run("reduce_scatter", "reduce_scatter", group, algorithm, out.nbytes,
+                (_with_op, out.shape, out.dtype, op, "output "), async_op,
+                (flat, pieces(scratch, (out.size,) * p), _base(op)), after)
+
+
 def barrier(group=None, async_op: bool = False, algorithm: str | None = None):
     """Return once every rank of ``group`` has called barrier."""
     return _run("barrier", "barrier", group, algorithm, 0, "", async_op, ())
