@@ -15,6 +15,7 @@ import pytest
 
 import minidist.dist as dist
 from minidist.runtime import launch
+from minidist.runtime.errors import RankError
 
 
 @pytest.mark.parametrize("backend", ["sim", "inprocess"])
@@ -238,3 +239,24 @@ def test_batch_isend_irecv_runs_a_ring_without_deadlock():
 
     for r, (got, n, err) in enumerate(launch(f, 4)):
         assert got == (r - 1) % 4 and n == 2 and "op must be md.dist.isend or md.dist.irecv" in err
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_all_to_all_split_sizes_that_disagree_are_named(backend):
+    def across():  # rank 1 sends rank 0 one row where rank 0 expects two
+        splits = [2, 2] if dist.get_rank() == 0 else [1, 3]
+        dist.all_to_all_single(np.zeros(4), np.arange(4.0), splits, splits)
+
+    with pytest.raises(RankError) as e:
+        launch(across, 2, backend=backend)
+    text = str(e.value)
+    assert "all_to_all_single: message from rank 1 to rank 0 does not fit" in text
+    assert "rank 1's input_split_sizes entry for rank 0 must equal rank 0's output_split_sizes entry for rank 1" in text
+    assert "tag -" not in text  # a collective's internal tags mean nothing to its caller
+
+    def own():
+        dist.all_to_all_single(np.zeros(4), np.arange(4.0), [1, 3], [2, 2])
+
+    own_block = r"keeps input_split_sizes\[0\]=2 rows for itself but output_split_sizes\[0\]=1"
+    with pytest.raises(RankError, match=own_block):
+        launch(own, 2, backend=backend)

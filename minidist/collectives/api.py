@@ -431,12 +431,17 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     inp = _arr(input, "all_to_all_single", writable=False)
     out = _arr(output, "all_to_all_single")
     ctx = current("md.dist.all_to_all_single")
-    p = (ctx.world if group is None else group).size()
+    g = ctx.world if group is None else group
+    p = g.size()
     if inp.ndim == 0 or out.ndim == 0 or inp.shape[1:] != out.shape[1:] or inp.dtype != out.dtype:
         raise ValueError(f"all_to_all_single: input {_describe(inp.shape, inp.dtype)} and output "
                          f"{_describe(out.shape, out.dtype)} must share dtype and every dim but the first")
     ins_sz = _splits(input_split_sizes, inp.shape[0], p, "input_split_sizes", "input")
     outs_sz = _splits(output_split_sizes, out.shape[0], p, "output_split_sizes", "output")
+    me = g.group_rank(ctx.rank)
+    if me >= 0 and ins_sz[me] != outs_sz[me]:  # its own block is both sent and received: no peer can check it
+        raise ValueError(f"all_to_all_single: rank {ctx.rank} keeps input_split_sizes[{me}]={ins_sz[me]} rows for "
+                         f"itself but output_split_sizes[{me}]={outs_sz[me]} (its own block is both)")
     row = math.prod(inp.shape[1:])
     src = _contiguous(inp)
     flat, back = _flat(out)
@@ -471,6 +476,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     if odd:
         raise ValueError(f"all_to_all: every tensor must have the dtype of input_tensor_list[0], {dtype}; "
                          f"{', '.join(odd)}")
+    me = (ctx.world if group is None else group).group_rank(ctx.rank)
+    if me >= 0 and ins[me].size != outs[me].size:
+        raise ValueError(f"all_to_all: rank {ctx.rank} keeps input_tensor_list[{me}] ({ins[me].size} elements) for "
+                         f"itself in output_tensor_list[{me}] ({outs[me].size} elements): they must be as large")
     src = np.concatenate([a.reshape(-1) for a in ins])
     flat = np.empty(sum(a.size for a in outs), dtype)
     out_pieces = pieces(flat, [a.size for a in outs])

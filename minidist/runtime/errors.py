@@ -5,6 +5,27 @@ from __future__ import annotations
 import os
 import signal
 
+import numpy as np
+
+
+def misfit(name: str, src: int, dst: int, tag: int, sent: tuple, into: tuple) -> str:
+    """The text, alike in every backend, for a message that does not fit its receive.
+
+    ``sent`` and ``into`` are (shape, dtype, nbytes). A collective's own messages carry internal (negative)
+    tags, so those are not shown; an all-to-all's say which sizes the two ranks disagree about."""
+    def fmt(shape, dtype, nbytes) -> str:
+        return f"shape {tuple(shape)} dtype {np.dtype(dtype).name} ({nbytes} bytes)"
+
+    text = (f"{name}: message from rank {src} to rank {dst}{f' (tag {tag})' if tag >= 0 else ''} does not fit: "
+            f"rank {src} sent {fmt(*sent)} but rank {dst} receives into {fmt(*into)}")
+    if name == "all_to_all_single":
+        text += (f"; rank {src}'s input_split_sizes entry for rank {dst} must equal rank {dst}'s output_split_sizes "
+                 f"entry for rank {src}")
+    elif name == "all_to_all":
+        text += (f"; rank {src}'s input_tensor_list entry for rank {dst} must have as many elements as rank {dst}'s "
+                 f"output_tensor_list entry for rank {src}")
+    return text
+
 
 class MismatchError(ValueError):
     """Ranks disagree about a message or a collective (size, dtype, shape, op, root, algorithm)."""

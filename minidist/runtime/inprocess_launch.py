@@ -190,7 +190,7 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
     if any(rep[r] != r for r in ranks):
         raise ValueError("launch: a representative must represent itself (represent(represent(r)) == represent(r))")
     turns = Turns(ranks)
-    exchange = Exchange(world_size, set(ranks))
+    exchange = Exchange(world_size, rep)
     live = LiveView(world_size, quiet)
     real = sys.stdout, sys.stderr
     reports: dict[int, tuple] = {}

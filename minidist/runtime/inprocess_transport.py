@@ -12,16 +12,19 @@ Shape-only arrays (``autograd/shape_only.py``) travel as their header alone: the
 
 Mirrors. In a shape-only run of many ranks only one rank per symmetry class runs (``represent`` in
 ``inprocess_launch.py``); a rank that is not simulated behaves like its representative. Within a collective
-every member of the group then does what this rank does, step for step, so the message this rank receives
-from an unsimulated peer is the mirror image of the one it sends to an unsimulated peer in the same step:
-sent at the same moment, of the size it receives, over the link from that peer. The k-th receive with a tag
-from an unsimulated rank is paired with the k-th send of the same call with that tag to one, and a real array in
-it (the token counts of experts routed by plan) holds this rank's own values, which every represented rank
-shares. Exact for algorithms in which every member takes the same steps (ring, bidirectional ring, pairwise,
-recursive doubling and halving on powers of two) on groups whose links are alike; a receive that never finds
-its mirror is a deadlock, named. A root that only sends (a broadcast) hears nothing back, so nothing here can
-tell when its receivers finish: the collectives refuse those whose receivers finish at other moments than the
-root (``collectives.finishes_with_root``, asked through ``represents``).
+every member of the group then does what its representative does, step for step. So when rank C receives
+from an unsimulated rank D, the message is the mirror image of one a simulated rank sends: the one D's
+representative A sends to an unsimulated rank that C stands for, in the same step (sent at the same moment,
+of the size C receives, over the link from D). The k-th receive of a call with a tag by C from ranks A stands
+for is paired with the k-th send of that call with that tag by A to ranks C stands for. Often A is C itself
+(one simulated member in the group: a data-parallel group); when several members run (context-parallel ranks
+in a data-parallel ring), A is another of them. A real array in the message (the token counts of experts
+routed by plan) holds A's values, which every rank A stands for shares. Exact for algorithms in which every
+member takes the same steps (ring, bidirectional ring, pairwise, recursive doubling and halving on powers of
+two) on groups whose links are alike; a receive whose mirror no simulated rank sends is a deadlock, named.
+A root that only sends (a broadcast) hears nothing back, so nothing here can tell when its receivers finish:
+the collectives refuse those whose receivers finish at other moments than the root
+(``collectives.finishes_with_root``, asked through ``represents``).
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from collections import deque
 import numpy as np
 
 from minidist.autograd.shape_only import ShapeArray
-from minidist.runtime.errors import DeadlockError, MismatchError, PeerExitedError, RankAborted
-from minidist.runtime.transport import _fmt
+from minidist.runtime.errors import DeadlockError, MismatchError, PeerExitedError, RankAborted, misfit
 
 
 def _take(items, tag: int):
@@ -78,9 +80,15 @@ class _Message:
 class Exchange:
     """What the ranks of one in-process world share: the messages in flight and the collective calls seen."""
 
-    def __init__(self, world: int, simulated: set[int] | None = None) -> None:
+    def __init__(self, world: int, rep: list[int] | None = None) -> None:
         self.world = world
-        self.simulated = set(range(world)) if simulated is None else simulated
+        self.rep = list(range(world)) if rep is None else rep  # rank -> the simulated rank standing for it
+        self.simulated = set(self.rep)
+        # (tag, call, sender, receiver's representative) -> (start, values) of sends to unsimulated ranks not yet
+        # paired with a receive; keyed by the call too, so what a rooted broadcast sent (nothing comes back) never
+        # pairs with a later collective. And the receives from unsimulated ranks awaiting their pair, by the same key.
+        self.mirror_sent: dict[tuple, deque] = {}
+        self.mirror_wait: dict[tuple, deque] = {}
         self.queued: dict[tuple[int, int], deque] = {}  # (src, dst) -> messages nobody has taken yet
         self.posted: dict[tuple[int, int], list[_Recv]] = {}  # (src, dst) -> receives waiting for a message
         self.calls: dict[tuple[int, int], tuple[int, bytes]] = {}  # (rank, group key) -> (seq, signature)
@@ -96,6 +104,22 @@ class _Board:
         self.turns.abort(message)
 
 
+def _mirror_arrive(op: _Recv, sent: tuple, receiver: int, cluster) -> None:
+    """Complete ``receiver``'s receive from an unsimulated peer: its send left when its mirror send did, and held
+    what that one held (real arrays in a shape-only run are counts that every represented rank agrees on)."""
+    start, values = sent
+    link = cluster.link(op.peer, receiver)
+    arrival = start + link.alpha + op.buf.nbytes / link.beta
+    if values is not None and not isinstance(op.buf, ShapeArray) and values.nbytes == op.buf.nbytes:
+        flat = op.buf.reshape(-1)
+        if op.ufunc is None:
+            flat[...] = values.reshape(-1).view(flat.dtype)
+        else:
+            op.ufunc(flat, values.reshape(-1).view(flat.dtype), out=flat)
+    op.end = arrival if arrival > op.post else op.post
+    op.done = True
+
+
 class InProcessTransport:
     """The message engine of one thread-rank (same interface as ``transport.Transport``)."""
 
@@ -107,10 +131,6 @@ class InProcessTransport:
         self.board = _Board(turns)
         self.coll = None
         self.mine: list = []  # receives not yet complete (flush waits for them)
-        # (tag, call) -> (start time, values) of sends to unsimulated ranks not yet paired with a receive; keyed by
-        # the call too, so what a rooted broadcast sent (nothing comes back) never pairs with a later collective
-        self.mirror_sent: dict[tuple, deque] = {}
-        self.mirror_wait: dict[tuple, deque] = {}  # (tag, call) -> receives from unsimulated ranks awaiting a pair
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
@@ -124,7 +144,7 @@ class InProcessTransport:
         if self.turns.aborted is not None:
             raise RankAborted(f"rank {self.rank} stopped because {self.turns.aborted}")
         if dst not in self.ex.simulated:
-            return self._mirror_send(arr, dst, (tag, sig), ready, name)
+            return self._mirror_send(arr, dst, (tag, sig, self.rank, self.ex.rep[dst]), ready, name)
         if dst in self.turns.done:
             raise PeerExitedError(f"{name}: rank {self.rank} sends to rank {dst} (tag {tag}) but rank {dst} has "
                                   f"{'failed' if dst in self.turns.failed else 'finished'}")
@@ -133,7 +153,7 @@ class InProcessTransport:
         msg = _Message(self.rank, tag, arr, start, end, sig, None if eager else op)
         r = _take(self.ex.posted.get((self.rank, dst), ()), tag)
         if r is not None:
-            self._deliver(r, msg)
+            self._deliver(r, msg, dst)
             return op
         if msg.data is not None:
             msg.data = arr.copy()  # the sender may reuse its buffer as soon as the send is done
@@ -144,16 +164,17 @@ class InProcessTransport:
               name: str = "recv", held: bool = False) -> _Recv:
         op = _Recv(src, tag, arr, ufunc, sig, name, ready)
         if src not in self.ex.simulated:
-            sent = self.mirror_sent.get((tag, sig))
+            key = (tag, sig, self.ex.rep[src], self.rank)
+            sent = self.ex.mirror_sent.get(key)
             if sent:
-                self._mirror_arrive(op, sent.popleft())
+                _mirror_arrive(op, sent.popleft(), self.rank, self.clock.cluster)
             else:
-                self.mirror_wait.setdefault((tag, sig), deque()).append(op)
+                self.ex.mirror_wait.setdefault(key, deque()).append((op, self.rank))
                 self.mine.append(op)
             return op
         m = _take(self.ex.queued.get((src, self.rank), ()), tag)
         if m is not None:
-            self._deliver(op, m)
+            self._deliver(op, m, self.rank)
             return op
         self.ex.posted.setdefault((src, self.rank), []).append(op)
         self.mine.append(op)
@@ -162,33 +183,20 @@ class InProcessTransport:
     def _mirror_send(self, arr: np.ndarray, dst: int, key: tuple, ready: float, name: str) -> _Send:
         start, end = self.clock.message(dst, arr.nbytes, ready)
         sent = (start, None if isinstance(arr, ShapeArray) else arr.copy())
-        waiting = self.mirror_wait.get(key)
+        waiting = self.ex.mirror_wait.get(key)
         if waiting:
-            self._mirror_arrive(waiting.popleft(), sent)
+            op, receiver = waiting.popleft()
+            _mirror_arrive(op, sent, receiver, self.clock.cluster)
         else:
-            self.mirror_sent.setdefault(key, deque()).append(sent)
+            self.ex.mirror_sent.setdefault(key, deque()).append(sent)
         return _Send(dst, key[0], name, start, end)
-
-    def _mirror_arrive(self, op: _Recv, sent: tuple) -> None:
-        """Complete a receive from an unsimulated peer: its send left when this rank's mirror send did, and held
-        what this rank's held (real arrays in a shape-only run are counts that every represented rank agrees on)."""
-        start, values = sent
-        link = self.clock.cluster.link(op.peer, self.rank)
-        arrival = start + link.alpha + op.buf.nbytes / link.beta
-        if values is not None and not isinstance(op.buf, ShapeArray) and values.nbytes == op.buf.nbytes:
-            flat = op.buf.reshape(-1)
-            if op.ufunc is None:
-                flat[...] = values.reshape(-1).view(flat.dtype)
-            else:
-                op.ufunc(flat, values.reshape(-1).view(flat.dtype), out=flat)
-        op.end = arrival if arrival > op.post else op.post
-        op.done = True
 
     def sendrecv_small(self, *args, **kwargs) -> None:
         return None  # the general path is already direct here
 
-    def _deliver(self, op: _Recv, m: _Message) -> None:
-        problem = self._check(op, m)
+    def _deliver(self, op: _Recv, m: _Message, dst: int) -> None:
+        """Hand ``m`` to rank ``dst``'s receive ``op`` (called by the sender or the receiver, whoever comes last)."""
+        problem = self._check(op, m, dst)
         if problem:
             op.error = problem
             if m.send is not None:  # a plain send hears of it too, as over shared memory
@@ -203,16 +211,14 @@ class InProcessTransport:
         op.end = m.end if m.end > op.post else op.post
         op.done = True
 
-    def _check(self, op: _Recv, m: _Message) -> str | None:
+    def _check(self, op: _Recv, m: _Message, dst: int) -> str | None:
         if m.sig != op.sig:
             theirs = m.sig.decode(errors="replace") or "a point-to-point send"
             mine = op.sig.decode(errors="replace") or "a point-to-point recv"
-            return f"ranks disagree about a collective call: rank {m.src} called {theirs}; rank {op.peer} called {mine}"
+            return f"ranks disagree about a collective call: rank {m.src} called {theirs}; rank {dst} called {mine}"
         if m.dtype != op.buf.dtype or m.nbytes != op.buf.nbytes:
-            me = op.buf
-            return (f"{op.name}: message from rank {m.src} (tag {m.tag}) does not fit: rank {m.src} sent "
-                    f"{_fmt(m.shape, m.dtype)} ({m.nbytes} bytes) but the receiver takes {_fmt(me.shape, me.dtype)} "
-                    f"({me.nbytes} bytes)")
+            return misfit(op.name, m.src, dst, m.tag, (m.shape, m.dtype, m.nbytes),
+                          (op.buf.shape, op.buf.dtype, op.buf.nbytes))
         return None
 
     # -- waiting -------------------------------------------------------------------------------
@@ -224,21 +230,24 @@ class InProcessTransport:
 
     def wait(self, ops, timeout: float | None = None) -> None:
         """Until every op is done, let the other ranks run; raise what a refused message said."""
-        unmirrored = [op for op in ops if not op.done and op.peer not in self.ex.simulated]
-        if unmirrored:  # only this rank's own later sends could pair them, and it is waiting
-            op = unmirrored[0]
-            call = f"{op.name}'s algorithm" if self.coll is None else self.coll[3].decode(errors="replace")
-            raise DeadlockError(
-                f"rank {self.rank} waits in {op.describe()} for rank {op.peer}, which is represented by a simulated "
-                f"rank, before sending the step's mirror message: in {call} the members do not all take the same "
-                f"steps (a tree, a root, or halving/doubling on a group whose size is not a power of two), so "
-                f"representatives cannot stand for them; pass algorithm='ring' (ParallelConfig(algorithm='ring') in "
-                f"train), or bidirectional_ring, hierarchical, pairwise, and halving_doubling or recursive_doubling "
-                f"on powers of two")
         if not all(op.done for op in ops):
-            self.turns.block(self.rank, lambda: all(op.done for op in ops),
-                             ", ".join(op.describe() for op in ops if not op.done),
-                             sorted({op.peer for op in ops if not op.done}))
+            try:
+                self.turns.block(self.rank, lambda: all(op.done for op in ops),
+                                 ", ".join(op.describe() for op in ops if not op.done),
+                                 sorted({op.peer for op in ops if not op.done}))
+            except DeadlockError as e:
+                unmirrored = [op for op in ops if not op.done and op.peer not in self.ex.simulated]
+                if not unmirrored:
+                    raise
+                op = unmirrored[0]  # no simulated rank will send its mirror: the members' steps differ
+                call = f"{op.name}'s algorithm" if self.coll is None else self.coll[3].decode(errors="replace")
+                raise DeadlockError(
+                    f"rank {self.rank} waits in {op.describe()} for rank {op.peer}, which is represented by simulated "
+                    f"rank {self.ex.rep[op.peer]}, and no simulated rank sends the mirror message: in {call} the "
+                    f"members do not all take the same steps (a tree, a root, or halving/doubling on a group whose "
+                    f"size is not a power of two), so representatives cannot stand for them; pass algorithm='ring' "
+                    f"(ParallelConfig(algorithm='ring') in train), or bidirectional_ring, hierarchical, pairwise, and "
+                    f"halving_doubling or recursive_doubling on powers of two ({e})") from None
         self.mine = [op for op in self.mine if not op.done]
         for op in ops:
             if op.error is not None:

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from minidist.runtime.errors import CommTimeoutError, MismatchError
+from minidist.runtime.errors import CommTimeoutError, MismatchError, misfit
 from minidist.runtime.shm import HEADER, SIG_MAX
 from minidist.runtime.transport import oversubscribed, spin_seconds, wire_signature
 
@@ -35,10 +35,6 @@ HDR_TAG, DATA_TAG = 0, 1
 HDR_BYTES = HEADER.size + SIG_MAX
 SPIN = 2e-3  # seconds a wait polls before napping (yielding the core at each look when ranks outnumber cores)
 NAP_MAX = 200e-6  # MPI moves a message (and a collective's schedule) only while it is polled
-
-
-def _fmt(shape, dtype) -> str:
-    return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
 
 
 class _Send:
@@ -176,9 +172,8 @@ class MPITransport:
                     f"rank {self.rank} called {mine}")
         if dtype != op.flat.dtype or nbytes != op.nbytes:
             shape = tuple(hdr[6 : 6 + min(ndim, 8)])
-            return (f"{op.name}: message from rank {op.peer} to rank {self.rank} (tag {tag}) does not fit: "
-                    f"rank {op.peer} sent {_fmt(shape, dtype)} ({nbytes} bytes) but rank {self.rank} "
-                    f"receives into {_fmt(op.buf.shape, op.buf.dtype)} ({op.nbytes} bytes)")
+            return misfit(op.name, op.peer, self.rank, tag, (shape, dtype, nbytes),
+                          (op.buf.shape, op.buf.dtype, op.nbytes))
         return None
 
     def _match(self, op: _Recv, m: _Incoming) -> None:

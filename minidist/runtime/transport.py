@@ -46,6 +46,7 @@ from minidist.runtime.errors import (
     MismatchError,
     PeerExitedError,
     RankAborted,
+    misfit,
     process_state,
 )
 from minidist.runtime.shm import (
@@ -289,10 +290,6 @@ def wire_signature(sig: bytes) -> bytes:
             _WIRE.clear()
         wire = _WIRE[sig] = sig[: SIG_MAX - 24] + f" ... (crc32 {zlib.crc32(sig):08x})".encode()
     return wire
-
-
-def _fmt(shape, dtype) -> str:
-    return f"shape {tuple(shape)} dtype {np.dtype(dtype).name}"
 
 
 class Transport:
@@ -661,9 +658,8 @@ class Transport:
                        f"rank {self.rank} called {mine}")
         elif dtype != op.flat.dtype or nbytes != op.nbytes:
             shape = tuple(hdr[6 : 6 + min(ndim, 8)])
-            problem = (f"{op.name}: message from rank {op.peer} to rank {self.rank} (tag {tag}) does not fit: "
-                       f"rank {op.peer} sent {_fmt(shape, dtype)} ({nbytes} bytes) but rank {self.rank} "
-                       f"receives into {_fmt(op.buf.shape, op.buf.dtype)} ({op.nbytes} bytes)")
+            problem = misfit(op.name, op.peer, self.rank, tag, (shape, dtype, nbytes),
+                             (op.buf.shape, op.buf.dtype, op.nbytes))
         if problem is None:
             return None
         if ctrl is not None:  # tell the sender, who is waiting for this message to be taken
