@@ -157,7 +157,7 @@ def test_unknown_algorithm_and_bad_arguments_are_named():
             lambda: dist.all_reduce(np.zeros(3, np.int64), op=ReduceOp.AVG),
             lambda: dist.broadcast(np.zeros(3), src=7),
             lambda: dist.all_gather([np.zeros(2)], np.zeros(2)),
-            lambda: dist.all_reduce(np.zeros(3), op="band"),
+            lambda: dist.all_reduce(np.zeros(3), op="nand"),
         ):
             try:
                 call()
@@ -173,7 +173,7 @@ def test_unknown_algorithm_and_bad_arguments_are_named():
     assert "AVG" in msgs[4] and "int64" in msgs[4]
     assert "src=7" in msgs[5]
     assert "tensor_list" in msgs[6]
-    assert "all_reduce: unknown reduce op 'band'" in msgs[7]
+    assert "all_reduce: unknown reduce op 'nand'" in msgs[7]
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["first call", "after agreeing calls"])

@@ -260,3 +260,40 @@ def test_all_to_all_split_sizes_that_disagree_are_named(backend):
     own_block = r"keeps input_split_sizes\[0\]=2 rows for itself but output_split_sizes\[0\]=1"
     with pytest.raises(RankError, match=own_block):
         launch(own, 2, backend=backend)
+
+
+@pytest.mark.parametrize("alg", ["ring", "tree", "recursive_doubling", "halving_doubling", "direct"])
+def test_bitwise_reduce_ops_combine_bits_like_numpy(alg):
+    p = 3
+
+    def value(r, dtype):
+        if dtype is bool:
+            return (np.arange(8) + r) % 3 > 0
+        return (np.arange(8) * 37 + 11 * r).astype(dtype)
+
+    def f():
+        r, out = dist.get_rank(), {}
+        for dtype in (np.int16, np.uint8, bool):
+            for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+                x = value(r, dtype)
+                dist.all_reduce(x, op=op, algorithm=alg)
+                out[np.dtype(dtype).name, op.name] = x.tolist()
+        errs = []
+        for call in (lambda: dist.all_reduce(np.zeros(2), op="band"),
+                     lambda: dist.all_reduce(np.zeros(2, np.complex128), op=dist.ReduceOp.MAX)):
+            try:
+                call()
+            except TypeError as e:
+                errs.append(str(e))
+        return out, errs
+
+    res = launch(f, p)
+    types = {"int16": np.int16, "uint8": np.uint8, "bool": bool}
+    for (dtype, op), got in res[0][0].items():
+        ufunc = {"BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}[op]
+        assert got == ufunc.reduce([value(r, types[dtype]) for r in range(p)]).tolist(), (dtype, op)
+        x = value(1, types[dtype])
+        assert (ufunc(getattr(dist.ReduceOp, op).identity(dtype), x) == x).all()  # the identity leaves x as it is
+    errs = res[0][1]
+    assert "ReduceOp.BAND combines bits: it needs an integer or bool dtype, got float64" in errs[0]
+    assert "ReduceOp.MAX is not defined on complex numbers" in errs[1]

@@ -139,6 +139,8 @@ def _plan(ctx, key: tuple | None, coll: str, name: str, group, algorithm, nbytes
     if fn is None:
         raise ValueError(f"{name}: unknown algorithm {algorithm!r}; available: {sorted(ALGORITHMS[coll])} "
                          f"(and 'native', MPI's own, under the MPI backend)")
+    if type(detail) is tuple and detail[0] is _with_op:  # a reduction, checked once per distinct call (not per call)
+        _op_ok(detail[3], np.dtype(detail[2]), detail[1], name)
     text = detail if isinstance(detail, str) else detail[0](*detail[1:])
     represents = getattr(ctx.transport, "represents", None)
     if coll in ("broadcast", "scatter") and represents is not None and represents(g.ranks) \
@@ -212,9 +214,17 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
 _AVG = ReduceOp.AVG
 
 
-def _avg_ok(op: ReduceOp, arr: np.ndarray, name: str) -> None:
-    if op is ReduceOp.AVG and arr.dtype.kind not in "fc":
-        raise TypeError(f"{name}: ReduceOp.AVG needs a floating dtype, got {arr.dtype} (shape {arr.shape})")
+_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+
+
+def _op_ok(op: ReduceOp, dtype: np.dtype, shape: tuple, name: str) -> None:
+    """Refuse an op the dtype gives no meaning to (torch refuses the same)."""
+    if op is ReduceOp.AVG and dtype.kind not in "fc":
+        raise TypeError(f"{name}: ReduceOp.AVG needs a floating dtype, got {dtype} (shape {shape})")
+    if op in _BITWISE and dtype.kind not in "biu":
+        raise TypeError(f"{name}: {op!r} combines bits: it needs an integer or bool dtype, got {dtype} (shape {shape})")
+    if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind == "c":
+        raise TypeError(f"{name}: {op!r} is not defined on complex numbers (they have no order), got {dtype}")
 
 
 def _base(op: ReduceOp) -> ReduceOp:
@@ -244,7 +254,7 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False
     """Combine ``tensor`` over ranks with ``op``; the result lands in ``tensor`` on global rank ``dst``."""
     arr = _arr(tensor, "reduce")
     op = as_op(op, "reduce")
-    _avg_ok(op, arr, "reduce")
+    _op_ok(op, arr.dtype, arr.shape, "reduce")
     root = _root(dst, group, "reduce", "dst")
     ctx = current("md.dist.reduce")
     g = ctx.world if group is None else group
@@ -276,7 +286,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
         flat = arr if arr.ndim == 1 else arr.reshape(-1)
         return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
                     (flat, op))
-    _avg_ok(op, arr, "all_reduce")
+    _op_ok(op, arr.dtype, arr.shape, "all_reduce")
     flat, back = _flat(arr)
     ctx = current("md.dist.all_reduce")
     size = (ctx.world if group is None else group).size()
@@ -388,7 +398,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
     inp = _arr(input, "reduce_scatter_tensor", writable=False)
     out = _arr(output, "reduce_scatter_tensor")
     op = as_op(op, "reduce_scatter_tensor")
-    _avg_ok(op, out, "reduce_scatter_tensor")
+    _op_ok(op, out.dtype, out.shape, "reduce_scatter_tensor")
     ctx = current("md.dist.reduce_scatter_tensor")
     p = (ctx.world if group is None else group).size()
     ok = inp.dtype == out.dtype and inp.size == p * out.size and (
@@ -498,7 +508,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     list form of ``reduce_scatter_tensor``: every entry has ``output``'s shape and dtype)."""
     out = _arr(output, "reduce_scatter")
     op = as_op(op, "reduce_scatter")
-    _avg_ok(op, out, "reduce_scatter")
+    _op_ok(op, out.dtype, out.shape, "reduce_scatter")
     ctx = current("md.dist.reduce_scatter")
     p = (ctx.world if group is None else group).size()
     scratch = np.concatenate([a.reshape(-1) for a in _list_of(input_list, out, "reduce_scatter", "input_list", p)])

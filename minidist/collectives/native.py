@@ -39,7 +39,8 @@ def _mpi():
 
     if not _OPS:
         _OPS.update({ReduceOp.SUM: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
-                     ReduceOp.MAX: MPI.MAX})
+                     ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR,
+                     ReduceOp.BXOR: MPI.BXOR})
     return MPI
 
 

@@ -3,7 +3,8 @@
 Every operator here is associative and commutative, which is what lets a collective regroup and
 reorder the combination (a tree, a ring, a two-level scheme) and still get the same answer (up to
 floating-point rounding, since float addition is not associative). Each has an identity element
-used to initialise buffers. AVG is SUM followed by a division by the group size.
+used to initialise buffers. AVG is SUM followed by a division by the group size. BAND, BOR and BXOR
+combine the bits of integers and booleans, as torch.distributed's do.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     AVG = "avg"
+    BAND = "band"  # bitwise, on integers and booleans only
+    BOR = "bor"
+    BXOR = "bxor"
 
     @property
     def ufunc(self) -> np.ufunc:
@@ -32,6 +36,11 @@ class ReduceOp(enum.Enum):
             return dtype.type(0)
         if self is ReduceOp.PRODUCT:
             return dtype.type(1)
+        if self in (ReduceOp.BOR, ReduceOp.BXOR):
+            return dtype.type(0)
+        if self is ReduceOp.BAND:  # every bit set
+            return dtype.type(True) if dtype.kind == "b" else dtype.type(-1) if dtype.kind == "i" else \
+                np.iinfo(dtype).max
         info = np.finfo(dtype) if dtype.kind in "fc" else np.iinfo(dtype) if dtype.kind in "iu" else None
         if dtype.kind == "b":
             return self is ReduceOp.MIN
@@ -52,6 +61,9 @@ UFUNCS = {  # each op's elementwise combiner (the ufunc property, as a plain loo
     ReduceOp.PRODUCT: np.multiply,
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
 
 
