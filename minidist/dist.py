@@ -139,9 +139,9 @@ def get_rank(group: ProcessGroup | None = None) -> int:
 def get_world_size(group: ProcessGroup | None = None) -> int:
     """The number of ranks in the world, or in ``group`` (-1 if this rank is not a member, as in torch)."""
     ctx = current("md.dist.get_world_size")
-    if group is None:
+    if _group(group, "get_world_size") is None:
         return ctx.world_size
-    return _group(group, "get_world_size").size() if ctx.rank in group else -1
+    return group.size() if ctx.rank in group else -1
 
 
 def new_group(ranks=None) -> ProcessGroup:
@@ -158,7 +158,7 @@ def new_group(ranks=None) -> ProcessGroup:
 def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
     """The rank of global rank ``global_rank`` inside ``group`` (ValueError if it is not a member)."""
     if _group(group, "get_group_rank") is None:
-        return int(global_rank)
+        return _world_rank(global_rank, "get_group_rank")
     r = group.group_rank(global_rank)
     if r < 0:
         raise ValueError(f"get_group_rank: global rank {global_rank!r} is not part of {group}")
@@ -168,8 +168,15 @@ def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
 def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     """The global rank of rank ``group_rank`` of ``group`` (ValueError if the group has no such rank)."""
     if _group(group, "get_global_rank") is None:
-        return int(group_rank)
+        return _world_rank(group_rank, "get_global_rank")
     return group.global_rank(group_rank)
+
+
+def _world_rank(rank, op: str) -> int:
+    world = current(f"md.dist.{op}").world_size
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world:
+        raise ValueError(f"{op}: rank {rank!r} is not part of the world of {world} ranks")
+    return int(rank)
 
 
 def get_process_group_ranks(group: ProcessGroup | None) -> list[int]:

@@ -297,3 +297,20 @@ def test_bitwise_reduce_ops_combine_bits_like_numpy(alg):
     errs = res[0][1]
     assert "ReduceOp.BAND combines bits: it needs an integer or bool dtype, got float64" in errs[0]
     assert "ReduceOp.MAX is not defined on complex numbers" in errs[1]
+
+
+def test_world_rank_lookups_check_their_rank():
+    def f():
+        errs = []
+        for call in (lambda: dist.get_global_rank(None, 4), lambda: dist.get_group_rank(dist.group.WORLD, -1),
+                     lambda: dist.get_world_size("dp")):
+            try:
+                call()
+            except (TypeError, ValueError) as e:
+                errs.append(str(e))
+        return errs
+
+    errs = launch(f, 2)[0]
+    assert "get_global_rank: rank 4 is not part of the world of 2 ranks" in errs[0]
+    assert "get_group_rank: rank -1 is not part of the world of 2 ranks" in errs[1]
+    assert "get_world_size: group must be a ProcessGroup" in errs[2]
