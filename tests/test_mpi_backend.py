@@ -522,3 +522,24 @@ def test_a_notebook_cell_function_runs_under_mpi(tmp_path):
     outputs = run_notebook(path, timeout=120).cells[0].outputs
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
     assert "[rank 0] sum 3.0" in text and "[rank 1] sum 3.0" in text and "[3.0, 3.0]" in text, outputs
+
+
+def test_torchs_other_calls_run_under_mpi_too():
+    """Bitwise ops (MPI's own under 'native'), object collectives, batched point-to-point and destroying the
+    group inside a launch: the same answers as the simulator's."""
+    def f():
+        r, p = dist.get_rank(), dist.get_world_size()
+        x, y = np.full(3, r, np.int64), np.full(3, r, np.int64)
+        dist.all_reduce(x, op=ReduceOp.BXOR, algorithm="native")
+        dist.all_reduce(y, op="bor")
+        everyone = [None] * p
+        dist.all_gather_object(everyone, {"r": r})
+        a, b = np.full(2, float(r)), np.zeros(2)
+        ops = [dist.P2POp(dist.isend, a, (r + 1) % p), dist.P2POp(dist.irecv, b, (r - 1) % p)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        dist.destroy_process_group()
+        return x.tolist(), y.tolist(), everyone, b.tolist(), dist.is_initialized()
+
+    for r, got in enumerate(launch(f, 3, backend="mpi")):
+        assert got == ([3] * 3, [3] * 3, [{"r": 0}, {"r": 1}, {"r": 2}], [float((r - 1) % 3)] * 2, False)

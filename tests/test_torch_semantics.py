@@ -314,3 +314,22 @@ def test_world_rank_lookups_check_their_rank():
     assert "get_global_rank: rank 4 is not part of the world of 2 ranks" in errs[0]
     assert "get_group_rank: rank -1 is not part of the world of 2 ranks" in errs[1]
     assert "get_world_size: group must be a ProcessGroup" in errs[2]
+
+
+def test_a_rank_that_destroyed_its_group_still_closes_its_transport():
+    # the MPI worker ends every rank with stop_rank(); it looked the rank up with current(), which refuses a
+    # destroyed group, so a rank that called destroy_process_group() left without closing its transport
+    from types import SimpleNamespace
+
+    from minidist.runtime import context
+    from minidist.runtime.mpi_worker import stop_rank
+
+    calls = []
+    transport = SimpleNamespace(flush=lambda: calls.append("flush"), close=lambda: calls.append("close"))
+    context.set_current(SimpleNamespace(destroyed=True, transport=transport))
+    try:
+        stop_rank()
+    finally:
+        left = context._current
+        context.set_current(None)
+    assert calls == ["flush", "close"] and left is None
