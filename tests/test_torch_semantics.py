@@ -31,6 +31,7 @@ def test_point_to_point_takes_torchs_argument_order(backend):
         got = dist.recv(a, 0, g, 5)
         w = dist.irecv(b, group=g, tag=6, group_src=0)
         w.wait()
+        assert w.source_rank() == 0 and w.exception() is None
         return got, a.tolist(), b.tolist()
 
     res = launch(f, 2, backend=backend)

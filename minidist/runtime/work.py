@@ -35,6 +35,17 @@ class Work:
             self._ctx.transport.progress()
         return all(op.done for op in self._ops)
 
+    def exception(self) -> None:
+        """None, as torch's for a Work that has not failed: here a failure raises in ``wait`` instead."""
+        return None
+
+    def source_rank(self) -> int:
+        """The global rank a receive's message came from (torch's ``Work.source_rank``)."""
+        src = getattr(self, "source", None)
+        if src is None:
+            raise RuntimeError(f"{self.name}: source_rank() belongs to a receive's Work")
+        return src
+
     @property
     def end_time(self) -> float:
         """Simulated time at which the operation completes (known once it has completed)."""
