@@ -18,6 +18,16 @@ from minidist.runtime import launch
 from minidist.runtime.errors import RankError
 
 
+def _outcomes(*calls) -> list:
+    """What each call returns, or the text of the TypeError / ValueError it raises."""
+    out = []
+    for call in calls:
+        try:
+            out.append(call())
+        except (TypeError, ValueError) as e:
+            out.append(str(e))
+    return out
+
 @pytest.mark.parametrize("backend", ["sim", "inprocess"])
 def test_point_to_point_takes_torchs_argument_order(backend):
     def f():
@@ -40,16 +50,11 @@ def test_point_to_point_takes_torchs_argument_order(backend):
 
 def test_point_to_point_misuse_is_named():
     def f():
-        x, errs = np.zeros(2), []
-        for call in (lambda: dist.send(x, 1, 5),  # the tag where torch has the group
-                     lambda: dist.recv(x),  # from any sender: torch allows it, minidist does not
-                     lambda: dist.send(x, 1, group_dst=1),
-                     lambda: dist.send(x, group=dist.new_group([0, 1]), group_dst=2)):
-            try:
-                call()
-            except (TypeError, ValueError) as e:
-                errs.append(str(e))
-        return errs
+        x = np.zeros(2)
+        return _outcomes(lambda: dist.send(x, 1, 5),  # the tag where torch has the group
+                         lambda: dist.recv(x),  # from any sender: torch allows it, minidist does not
+                         lambda: dist.send(x, 1, group_dst=1),
+                         lambda: dist.send(x, group=dist.new_group([0, 1]), group_dst=2))
 
     errs = launch(f, 2)[0]
     assert "group before tag: pass tag=5 by name" in errs[0]
@@ -87,13 +92,9 @@ def test_a_rank_outside_the_group_returns_at_once_with_a_warning(backend):
 
 def test_group_rank_lookups_refuse_ranks_outside_the_group():
     def f():
-        g, out = dist.new_group([1, 3]), []
-        for call in (lambda: dist.get_group_rank(g, 0), lambda: dist.get_global_rank(g, -1),
-                     lambda: dist.get_global_rank(g, 2), lambda: dist.get_rank("dp")):
-            try:
-                out.append(call())
-            except (TypeError, ValueError) as e:
-                out.append(str(e))
+        g = dist.new_group([1, 3])
+        out = _outcomes(lambda: dist.get_group_rank(g, 0), lambda: dist.get_global_rank(g, -1),
+                        lambda: dist.get_global_rank(g, 2), lambda: dist.get_rank("dp"))
         out += [dist.get_group_rank(g, 3), dist.get_global_rank(g, 1), dist.get_group_rank(None, 2),
                 dist.get_global_rank(dist.group.WORLD, 2), dist.get_process_group_ranks(g),
                 dist.get_process_group_ranks(None), dist.get_world_size(dist.group.WORLD)]
@@ -112,12 +113,8 @@ def test_scatter_and_gather_lists_belong_to_the_root_only():
         r, errs = dist.get_rank(), []
         lists = [np.zeros(1) for _ in range(3)]
         if r:
-            for call in (lambda: dist.scatter(np.zeros(1), lists, src=0),
-                         lambda: dist.gather(np.zeros(1), lists, dst=0)):
-                try:
-                    call()
-                except ValueError as e:
-                    errs.append(str(e))
+            errs = _outcomes(lambda: dist.scatter(np.zeros(1), lists, src=0),
+                             lambda: dist.gather(np.zeros(1), lists, dst=0))
         out = np.zeros(1)
         dist.scatter(out, [np.array([7.0 * i]) for i in range(3)] if r == 0 else [], src=0)  # [] is "none"
         got = [np.zeros(1) for _ in range(3)] if r == 0 else None
@@ -187,13 +184,7 @@ def test_object_collectives_move_python_objects(backend):
 
 def test_object_collectives_name_wrong_lists():
     def f():
-        errs = []
-        for call in (lambda: dist.all_gather_object([None], 1), lambda: dist.broadcast_object_list((1, 2), src=0)):
-            try:
-                call()
-            except (TypeError, ValueError) as e:
-                errs.append(str(e))
-        return errs
+        return _outcomes(lambda: dist.all_gather_object([None], 1), lambda: dist.broadcast_object_list((1, 2), src=0))
 
     errs = launch(f, 2)[0]
     assert "object_list must be a list of 2 (one per rank of the group), got a list of 1" in errs[0]
@@ -279,13 +270,8 @@ def test_bitwise_reduce_ops_combine_bits_like_numpy(alg):
                 x = value(r, dtype)
                 dist.all_reduce(x, op=op, algorithm=alg)
                 out[np.dtype(dtype).name, op.name] = x.tolist()
-        errs = []
-        for call in (lambda: dist.all_reduce(np.zeros(2), op="band"),
-                     lambda: dist.all_reduce(np.zeros(2, np.complex128), op=dist.ReduceOp.MAX)):
-            try:
-                call()
-            except TypeError as e:
-                errs.append(str(e))
+        errs = _outcomes(lambda: dist.all_reduce(np.zeros(2), op="band"),
+                         lambda: dist.all_reduce(np.zeros(2, np.complex128), op=dist.ReduceOp.MAX))
         return out, errs
 
     res = launch(f, p)
@@ -302,14 +288,8 @@ def test_bitwise_reduce_ops_combine_bits_like_numpy(alg):
 
 def test_world_rank_lookups_check_their_rank():
     def f():
-        errs = []
-        for call in (lambda: dist.get_global_rank(None, 4), lambda: dist.get_group_rank(dist.group.WORLD, -1),
-                     lambda: dist.get_world_size("dp")):
-            try:
-                call()
-            except (TypeError, ValueError) as e:
-                errs.append(str(e))
-        return errs
+        return _outcomes(lambda: dist.get_global_rank(None, 4), lambda: dist.get_group_rank(dist.group.WORLD, -1),
+                         lambda: dist.get_world_size("dp"))
 
     errs = launch(f, 2)[0]
     assert "get_global_rank: rank 4 is not part of the world of 2 ranks" in errs[0]

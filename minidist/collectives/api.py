@@ -407,8 +407,12 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
         raise ValueError(f"reduce_scatter_tensor: input has {_describe(inp.shape, inp.dtype)} but output has "
                          f"{_describe(out.shape, out.dtype)}; with {p} ranks the input must be {p} output blocks "
                          f"along dim 0")
-    scratch = inp.reshape(-1).copy()
-    ins = pieces(scratch, (scratch.size // p,) * p)
+    return _reduce_scatter("reduce_scatter_tensor", out, inp.reshape(-1).copy(), op, p, group, algorithm, async_op)
+
+
+def _reduce_scatter(name: str, out: np.ndarray, scratch: np.ndarray, op: ReduceOp, p: int, group, algorithm,
+                    async_op: bool):
+    """Both forms: ``scratch`` holds the p input blocks end to end (a copy: the algorithms reduce into it)."""
     flat, back = _flat(out)
 
     def after():
@@ -417,9 +421,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
         if back is not None:
             back()
 
-    return _run("reduce_scatter", "reduce_scatter_tensor", group, algorithm, out.nbytes,
-                (_with_op, out.shape, out.dtype, op, "output "), async_op,
-                (flat, ins, _base(op)), after)
+    return _run("reduce_scatter", name, group, algorithm, out.nbytes, (_with_op, out.shape, out.dtype, op, "output "),
+                async_op, (flat, pieces(scratch, (out.size,) * p), _base(op)), after)
 
 
 def _splits(splits, rows: int, p: int, name: str, what: str) -> list[int]:
@@ -512,17 +515,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     ctx = current("md.dist.reduce_scatter")
     p = (ctx.world if group is None else group).size()
     scratch = np.concatenate([a.reshape(-1) for a in _list_of(input_list, out, "reduce_scatter", "input_list", p)])
-    flat, back = _flat(out)
-
-    def after():
-        if op is ReduceOp.AVG:
-            flat[...] /= p
-        if back is not None:
-            back()
-
-    return _run("reduce_scatter", "reduce_scatter", group, algorithm, out.nbytes,
-                (_with_op, out.shape, out.dtype, op, "output "), async_op,
-                (flat, pieces(scratch, (out.size,) * p), _base(op)), after)
+    return _reduce_scatter("reduce_scatter", out, scratch, op, p, group, algorithm, async_op)
 
 
 def barrier(group=None, async_op: bool = False, algorithm: str | None = None):
