@@ -39,10 +39,9 @@ def _load(buf: np.ndarray, n: int):
     return pickle.loads(buf[:n].tobytes())
 
 
-def _gathered(obj, group) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's pickle length, and this rank's pickle padded to the longest."""
+def _gathered(obj, group, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's pickle length (a group of ``p``), and this rank's pickle padded to the longest."""
     mine = _bytes(obj)
-    p = (current().world if group is None else group).size()
     sizes = np.zeros(p, np.int64)
     all_gather_into_tensor(sizes, np.array([mine.size], np.int64), group=group)
     padded = np.zeros(int(sizes.max()), np.uint8)
@@ -57,15 +56,16 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
     if not isinstance(object_list, list):
         raise TypeError(f"broadcast_object_list: object_list must be a list (filled in place), got "
                         f"{type(object_list).__name__}")
-    blob = _bytes(object_list) if current().rank == src else np.zeros(0, np.uint8)
+    me = current().rank
+    blob = _bytes(object_list) if me == src else np.zeros(0, np.uint8)
     n = np.array([blob.size, len(object_list)], np.int64)
     broadcast(n, src, group=group)
-    if current().rank != src and n[1] != len(object_list):
-        raise ValueError(f"broadcast_object_list: rank {current().rank} passed a list of {len(object_list)} but "
+    if me != src and n[1] != len(object_list):
+        raise ValueError(f"broadcast_object_list: rank {me} passed a list of {len(object_list)} but "
                          f"src={src} sends {int(n[1])} objects (the lists must have the same length)")
-    buf = blob if current().rank == src else np.zeros(int(n[0]), np.uint8)
+    buf = blob if me == src else np.zeros(int(n[0]), np.uint8)
     broadcast(buf, src, group=group)
-    if current().rank != src:
+    if me != src:
         object_list[:] = _load(buf, int(n[0]))
 
 
@@ -77,7 +77,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     if not isinstance(object_list, list) or len(object_list) != p:
         got = f"a list of {len(object_list)}" if isinstance(object_list, list) else type(object_list).__name__
         raise ValueError(f"all_gather_object: object_list must be a list of {p} (one per rank of the group), got {got}")
-    sizes, padded = _gathered(obj, group)
+    sizes, padded = _gathered(obj, group, p)
     out = np.zeros(p * padded.size, np.uint8)
     all_gather_into_tensor(out, padded, group=group)
     for i, n in enumerate(sizes):
@@ -92,7 +92,7 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, gro
     root = current().rank == dst
     if root and (not isinstance(object_gather_list, list) or len(object_gather_list) != p):
         raise ValueError(f"gather_object: object_gather_list must be a list of {p} on dst={dst}")
-    sizes, padded = _gathered(obj, group)
+    sizes, padded = _gathered(obj, group, p)
     got = [np.zeros(padded.size, np.uint8) for _ in range(p)] if root else None
     gather(padded, got, dst, group=group)
     if root:
