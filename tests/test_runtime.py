@@ -342,8 +342,9 @@ import minidist.dist as dist
 from minidist.runtime import launch
 
 def f(path):
-    with open(path + f".{dist.get_rank()}", "w") as fh:
+    with open(path + f"-tmp.{dist.get_rank()}", "w") as fh:
         fh.write(str(os.getpid()))
+    os.replace(path + f"-tmp.{dist.get_rank()}", path + f".{dist.get_rank()}")  # seen only once written
     time.sleep(60)
 
 if __name__ == "__main__":
