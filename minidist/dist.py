@@ -229,7 +229,7 @@ def isend(tensor, dst: int | None = None, group: ProcessGroup | None = None, tag
     arr = contiguous(as_array(tensor, "send"))[0]
     ready = ctx.clock.begin_comm()
     op = ctx.transport.isend(arr, dst, _tag(tag, "send"), ready)
-    return Work(ctx, [op], ready, op.end, f"send->{dst}", arr.nbytes)
+    return Work(ctx, [op], ready, op.end, f"send->{dst}", arr.nbytes, result=[tensor])
 
 
 def irecv(tensor, src: int | None = None, group: ProcessGroup | None = None, tag: int = 0,
@@ -242,7 +242,7 @@ def irecv(tensor, src: int | None = None, group: ProcessGroup | None = None, tag
     arr, back = contiguous(as_array(tensor, "recv", writable=True))
     ready = ctx.clock.begin_comm()
     op = ctx.transport.irecv(arr, src, _tag(tag, "recv"), ready)
-    w = Work(ctx, [op], ready, ready, f"recv<-{src}", arr.nbytes)
+    w = Work(ctx, [op], ready, ready, f"recv<-{src}", arr.nbytes, result=[tensor])
     w.source = src
     if back is not None:
         wait = w.wait

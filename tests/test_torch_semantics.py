@@ -314,3 +314,43 @@ def test_a_rank_that_destroyed_its_group_still_closes_its_transport():
         left = context._current
         context.set_current(None)
     assert calls == ["flush", "close"] and left is None
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_work_get_future_runs_a_communication_hook(backend):
+    """A DDP communication hook's chain (torch's allreduce hook): all_reduce async, then divide in ``then``."""
+    def f():
+        r, p = dist.get_rank(), dist.get_world_size()
+        grad = np.arange(4.0) + r
+        fut = dist.all_reduce(grad, async_op=True).get_future()
+        mean = fut.then(lambda f: f.value()[0] / p)
+        assert mean.wait() is mean.value()
+        buf = np.zeros(3)
+        if r == 0:
+            sent = dist.isend(np.full(3, 7.0), 1).get_future().wait()
+            return mean.value().tolist(), [a.tolist() for a in sent]
+        got = dist.irecv(buf, 0).get_future()
+        chained = got.then(lambda f: f.value()[0] * 2).then(lambda f: f.value() + 1)
+        return mean.value().tolist(), chained.wait().tolist(), got.value()[0] is buf
+
+    res = launch(f, 2, backend=backend)
+    expected = ((np.arange(4.0) * 2 + 1) / 2).tolist()
+    assert res[0] == (expected, [[7.0] * 3])
+    assert res[1] == (expected, [15.0] * 3, True)
+
+
+def test_a_future_refuses_a_value_before_its_receive_has_arrived():
+    def f():
+        if dist.get_rank() == 1:
+            dist.barrier()  # rank 0 asks for the value while this rank has not sent yet
+            dist.send(np.ones(2), 0)
+            return None
+        fut = dist.irecv(np.zeros(2), 1).get_future()
+        with pytest.raises(RuntimeError, match=r"recv<-1 has not completed; call wait\(\) first"):
+            fut.value()
+        with pytest.raises(TypeError, match="callback must be callable"):
+            fut.then(3)
+        dist.barrier()
+        return fut.wait()[0].tolist()
+
+    assert launch(f, 2)[0] == [1.0, 1.0]

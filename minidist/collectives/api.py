@@ -162,11 +162,13 @@ def _plan(ctx, key: tuple | None, coll: str, name: str, group, algorithm, nbytes
     return plan
 
 
-def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: bool, args: tuple, after=None):
+def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: bool, args: tuple, after=None,
+         out: tuple = ()):
     """Common driver: membership, algorithm choice, signature, clock, Work; runs the algorithm on ``args``.
 
     ``detail`` describes the arguments in the signature: a string, or (formatter, *args) to format only
-    the first time this rank makes that call.
+    the first time this rank makes that call. ``out`` lists the caller's tensors the call writes (the value
+    of the Work's future).
     """
     ctx = context._current
     if ctx is None or ctx.destroyed:
@@ -207,7 +209,7 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
         after()
     clock.end_comm(name, start, cursor.t, nbytes, async_op)
     if async_op:
-        return Work(ctx, (), start, cursor.t, name, nbytes, record=False)
+        return Work(ctx, (), start, cursor.t, name, nbytes, record=False, result=out)
     return None
 
 
@@ -247,7 +249,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False, algorithm: s
     flat, back = _flat(arr)
     return _run("broadcast", "broadcast", group, algorithm, arr.nbytes,
                 (_with, arr.shape, arr.dtype, "src", src), async_op,
-                (flat, root), back)
+                (flat, root), back, (tensor,))
 
 
 def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
@@ -272,7 +274,7 @@ def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False
 
     return _run("reduce", "reduce", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, dst={dst}, op={op.name}", async_op,
-                (flat, root, _base(op)), after)
+                (flat, root, _base(op)), after, (tensor,))
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algorithm: str | None = None):
@@ -285,7 +287,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
     if op is not _AVG and (flags if ok else arr.flags).c_contiguous:  # the common case, nothing to do afterwards
         flat = arr if arr.ndim == 1 else arr.reshape(-1)
         return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
-                    (flat, op))
+                    (flat, op), None, (tensor,))
     _op_ok(op, arr.dtype, arr.shape, "all_reduce")
     flat, back = _flat(arr)
     ctx = current("md.dist.all_reduce")
@@ -298,7 +300,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False, algo
             back()
 
     return _run("all_reduce", "all_reduce", group, algorithm, arr.nbytes, detail, async_op,
-                (flat, _base(op)), after)
+                (flat, _base(op)), after, (tensor,))
 
 
 def _list_of(arrs, like: np.ndarray, name: str, what: str, size: int) -> list:
@@ -330,7 +332,7 @@ def scatter(tensor, scatter_list=None, src: int = 0, group=None, async_op: bool 
                          f"pass one, as in torch.distributed (pass None elsewhere)")
     return _run("scatter", "scatter", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, src={src}", async_op,
-                (flat, chunks, root), back)
+                (flat, chunks, root), back, (tensor,))
 
 
 def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = False,
@@ -354,7 +356,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
                          f"may pass one, as in torch.distributed (pass None elsewhere)")
     return _run("gather", "gather", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, dst={dst}", async_op,
-                (inp, chunks, root), lambda: [b() for b in backs])
+                (inp, chunks, root), lambda: [b() for b in backs], () if gather_list is None else (gather_list,))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
@@ -370,7 +372,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
             backs.append(b)
     inp = _contiguous(arr)
     return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, (_describe, arr.shape, arr.dtype), async_op,
-                (outs, inp), lambda: [b() for b in backs])
+                (outs, inp), lambda: [b() for b in backs], (tensor_list,))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
@@ -389,7 +391,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
     outs = pieces(flat, (flat.size // p,) * p)
     src = _contiguous(inp)
     return _run("all_gather", "all_gather_into_tensor", group, algorithm, inp.nbytes,
-                (_describe, inp.shape, inp.dtype), async_op, (outs, src), back)
+                (_describe, inp.shape, inp.dtype), async_op, (outs, src), back, (output_tensor,))
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -407,11 +409,12 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op: 
         raise ValueError(f"reduce_scatter_tensor: input has {_describe(inp.shape, inp.dtype)} but output has "
                          f"{_describe(out.shape, out.dtype)}; with {p} ranks the input must be {p} output blocks "
                          f"along dim 0")
-    return _reduce_scatter("reduce_scatter_tensor", out, inp.reshape(-1).copy(), op, p, group, algorithm, async_op)
+    return _reduce_scatter("reduce_scatter_tensor", out, inp.reshape(-1).copy(), op, p, group, algorithm, async_op,
+                           output)
 
 
 def _reduce_scatter(name: str, out: np.ndarray, scratch: np.ndarray, op: ReduceOp, p: int, group, algorithm,
-                    async_op: bool):
+                    async_op: bool, output):
     """Both forms: ``scratch`` holds the p input blocks end to end (a copy: the algorithms reduce into it)."""
     flat, back = _flat(out)
 
@@ -422,7 +425,7 @@ def _reduce_scatter(name: str, out: np.ndarray, scratch: np.ndarray, op: ReduceO
             back()
 
     return _run("reduce_scatter", name, group, algorithm, out.nbytes, (_with_op, out.shape, out.dtype, op, "output "),
-                async_op, (flat, pieces(scratch, (out.size,) * p), _base(op)), after)
+                async_op, (flat, pieces(scratch, (out.size,) * p), _base(op)), after, (output,))
 
 
 def _splits(splits, rows: int, p: int, name: str, what: str) -> list[int]:
@@ -462,7 +465,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     outs = pieces(flat, outs_sz if row == 1 else [s * row for s in outs_sz])
     return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
                 (_rows, inp.shape[1:], inp.dtype), async_op,
-                (outs, ins), back)
+                (outs, ins), back, (output,))
 
 
 def _tensors(arrs, size: int, name: str, what: str, writable: bool) -> list[np.ndarray]:
@@ -502,7 +505,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
             a[...] = piece.reshape(a.shape)
 
     return _run("all_to_all", "all_to_all", group, algorithm, dtype.itemsize, (_rows, (), dtype), async_op,
-                (out_pieces, pieces(src, [a.size for a in ins])), after)
+                (out_pieces, pieces(src, [a.size for a in ins])), after, (output_tensor_list,))
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False,
@@ -515,7 +518,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bo
     ctx = current("md.dist.reduce_scatter")
     p = (ctx.world if group is None else group).size()
     scratch = np.concatenate([a.reshape(-1) for a in _list_of(input_list, out, "reduce_scatter", "input_list", p)])
-    return _reduce_scatter("reduce_scatter", out, scratch, op, p, group, algorithm, async_op)
+    return _reduce_scatter("reduce_scatter", out, scratch, op, p, group, algorithm, async_op, output)
 
 
 def barrier(group=None, async_op: bool = False, algorithm: str | None = None):

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 class Work:
     def __init__(self, ctx, ops=(), start: float = 0.0, end: float = 0.0, name: str = "", nbytes: float = 0.0,
-                 record: bool = True) -> None:
+                 record: bool = True, result: list | None = None) -> None:
         self._ctx, self._ops = ctx, list(ops)
+        self._result = [] if result is None else list(result)
         self.start, self._end, self.name, self.nbytes = start, end, name, nbytes
         self._record = record
         self._joined = False
@@ -46,6 +47,11 @@ class Work:
             raise RuntimeError(f"{self.name}: source_rank() belongs to a receive's Work")
         return src
 
+    def get_future(self) -> Future:
+        """A Future whose value is the list of tensors the operation writes (torch's ``Work.get_future``),
+        so that code chaining ``.then(...)`` on a collective, as a DDP communication hook does, runs here."""
+        return Future(self)
+
     @property
     def end_time(self) -> float:
         """Simulated time at which the operation completes (known once it has completed)."""
@@ -53,3 +59,44 @@ class Work:
 
     def __repr__(self) -> str:
         return f"Work({self.name}, completed={self.is_completed()})"
+
+
+class Future:
+    """The completion of a Work as a value: ``wait()`` waits for it and returns the list of tensors it wrote;
+    ``then(fn)`` gives a Future of ``fn(this future)``, computed once this one is done (torch.futures.Future's
+    calls that communication hooks use)."""
+
+    def __init__(self, work: Work, parent: Future | None = None, callback=None) -> None:
+        self._work, self._parent, self._callback = work, parent, callback
+        self._has_value, self._value = False, None
+
+    def done(self) -> bool:
+        """True once the operation has completed (callbacks run at ``wait()`` or ``value()``)."""
+        return self._work.is_completed()
+
+    def wait(self):
+        """Wait for the operation (and this future's callbacks); return the value."""
+        if not self._has_value:
+            self._work.wait()
+            self._value = self._work._result if self._parent is None else self._callback(self._parent._ready())
+            self._has_value = True
+        return self._value
+
+    def _ready(self) -> Future:
+        self.wait()
+        return self
+
+    def value(self):
+        """The value of a completed future (waits if the operation is done but its callbacks have not run)."""
+        if not self._has_value and not self.done():
+            raise RuntimeError(f"Future.value(): {self._work.name} has not completed; call wait() first")
+        return self.wait()
+
+    def then(self, callback) -> Future:
+        """A Future of ``callback(self)``, run once this future has its value."""
+        if not callable(callback):
+            raise TypeError(f"Future.then: callback must be callable, got {callback!r:.60}")
+        return Future(self._work, self, callback)
+
+    def __repr__(self) -> str:
+        return f"Future({self._work.name}, done={self.done()})"
