@@ -71,3 +71,20 @@ def test_gpus_for_explains_the_usual_mistakes():
         md.labs.check_gpus_for(lambda f, p, u, d: math.ceil(f / (p * u * d * 86400)))
     with pytest.raises(CheckFailed, match="divide by the MFU"):
         md.labs.check_gpus_for(lambda f, p, u, d: f * u / (p * d * 86400))
+
+
+def test_days_without_the_overhead_are_caught():
+    d = _design()
+    bare = d.days / (1 + d.overhead)
+    assert d.overhead < 0.02  # the old 2% tolerance let this through
+    with pytest.raises(CheckFailed, match=r"days .* \(that is without the overhead\)"):
+        md.labs.check_design(_design(days=bare))
+
+
+def test_fields_of_the_wrong_type_are_named_before_anything_is_computed():
+    with pytest.raises(CheckFailed, match=r"layout is str .*not an md.estimate.Layout"):
+        md.labs.check_design(_design(layout="tp8 pp4"))
+    with pytest.raises(CheckFailed, match=r"gpus is str '4096', not a number"):
+        md.labs.check_design(_design(gpus="4096"))
+    with pytest.raises(CheckFailed, match="takes an md.labs.Design, got dict"):
+        md.labs.check_design({})

@@ -77,3 +77,15 @@ def test_loss_scale_update_explains_each_branch(capsys):
         md.labs.check_loss_scale_update(lambda s, inf, c, n: _update(s, False, c, n) if inf else _update(s, inf, c, n))
     with pytest.raises(CheckFailed, match="scale doubles"):
         md.labs.check_loss_scale_update(lambda s, inf, c, n: _update(s, inf, c, n) if inf else (s, c + 1, True))
+
+
+def test_a_crash_or_a_wrong_return_is_named_with_its_call():
+    crash = r"round_to\(x of shape \(\d+,\), 10, -14\) \(fp16\) raised ValueError"
+    with pytest.raises(CheckFailed, match=crash) as info:
+        md.labs.check_round_to(lambda x, m, e: max(e, x))
+    assert isinstance(info.value.__cause__, ValueError)  # the learner's frames are shown from it
+    with pytest.raises(CheckFailed, match=r"return the tuple \(scale, clean_steps, step\)"):
+        md.labs.check_loss_scale_update(lambda s, inf, c, n: None)
+    with pytest.raises(CheckFailed, match=r"loss_scale_update\(65536.0, False, 0, 3\) raised ZeroDivisionError"):
+        md.labs.check_loss_scale_update(lambda s, inf, c, n: 1 / 0)
+    md.labs.check_loss_scale_update(lambda *a: list(_update(*a)))  # a list is as good as a tuple

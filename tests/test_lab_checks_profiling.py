@@ -43,3 +43,12 @@ def test_robust_z_refuses_the_plain_z_score():
     with pytest.raises(CheckFailed, match="not done yet"):
         md.labs.check_robust_z(lambda x: (_ for _ in ()).throw(NotImplementedError))
     assert np.isfinite(robust_z(np.ones(4))).all()
+
+
+def test_robust_z_names_a_crash_a_scalar_and_a_lost_sign():
+    with pytest.raises(CheckFailed, match=r"robust_z\(\[.*\]\) raised \w*TypeError"):
+        md.labs.check_robust_z(lambda x: x + "a")
+    with pytest.raises(CheckFailed, match=r"return one score per value: an array of shape \(8,\), not \(\)"):
+        md.labs.check_robust_z(lambda x: float(np.median(x)))
+    with pytest.raises(CheckFailed, match="keep the sign"):
+        md.labs.check_robust_z(lambda x: np.abs(robust_z(x)))

@@ -70,6 +70,30 @@ def lab_run(tmp_path_factory):
     ])
 
 
+@pytest.fixture(scope="module")
+def crash_run(tmp_path_factory):
+    return run_cells(tmp_path_factory, [
+        "import minidist as md",
+        # 1: an exercise left unfinished above
+        "def fit(x):\n    raise NotImplementedError  # your code here\n\n\nPSI = fit(3)",
+        # 2: a check that lets the learner's error through calls a function of this cell, which crashes
+        "def stochastic_round(v, levels, rng):\n    return v[None, None].item()\n\n"
+        "md.labs.check_stochastic_round(stochastic_round)",
+        # 3: a check that names the call its learner's function crashed in
+        "def round_to(x, m, e):\n    return max(e, x)\n\nmd.labs.check_round_to(round_to)",
+    ])
+
+
+def test_a_crash_in_a_function_a_check_called_is_the_learners_not_an_earlier_exercises(crash_run):
+    _, shown = crash_run
+    assert shown[2].startswith("ValueError: can only convert an array of size 1")
+    assert "where your `stochastic_round` raised it" in shown[2] and "return v[None, None].item()" in shown[2]
+    assert "Finish" not in shown[2] and "compression_checks" not in shown[2]
+    assert shown[3].startswith("CheckFailed: round_to(x of shape (")
+    assert "(fp16) raised ValueError: The truth value of an array" in shown[3]
+    assert "return max(e, x)" in shown[3] and "Finish" not in shown[3]
+
+
 def test_a_failing_check_shows_its_message_and_not_its_source(check_run):
     _, shown = check_run
     text = shown[1]

@@ -4,6 +4,7 @@ with each other and with the estimator, whatever layout, cluster size or checkpo
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from minidist.estimate import CALIBRATED, Layout, cluster, estimate_layout, model
@@ -54,6 +55,22 @@ def check_gpus_for(fn) -> None:
     check_cases("gpus_for", fn, cases, rel=1e-9, diagnose=diagnose)
 
 
+_NUMBERS = ("gpus", "global_batch", "seq_len", "tokens", "step_time", "mfu", "checkpoint_seconds", "mtbf_s",
+            "checkpoint_interval_s", "overhead", "days", "usd_per_gpu_hour", "cost_usd", "budget_usd", "deadline_days")
+
+
+def _fields_have_their_types(d) -> None:
+    """A design is a Design whose layout is an md.estimate.Layout and whose numbers are numbers: said at once."""
+    if not isinstance(d, Design):
+        raise CheckFailed(f"design: check_design takes an md.labs.Design, got {type(d).__name__}")
+    wrong = [f"layout is {type(d.layout).__name__} {d.layout!r:.40}, not an md.estimate.Layout (the chosen "
+             f"Estimate's .layout)"] if not isinstance(d.layout, Layout) else []
+    wrong += [f"{f} is {type(getattr(d, f)).__name__} {getattr(d, f)!r:.40}, not a number" for f in _NUMBERS
+              if isinstance(getattr(d, f), bool) or not isinstance(getattr(d, f), numbers.Real)]
+    if wrong:
+        raise CheckFailed("design: fields of the wrong type:\n  - " + "\n  - ".join(wrong))
+
+
 def _off(got: float, want: float, rel: float) -> bool:
     return not math.isclose(got, want, rel_tol=rel)
 
@@ -93,6 +110,7 @@ def check_design(d: Design, brief: dict | None = None, gpu_mtbf_s: float = GPU_M
     deadline_days) when it is passed, the cluster's price, and the system MTBF, which is ``gpu_mtbf_s`` (one GPU's,
     by default the one Meta's LLaMA 3 run implies) divided by the number of GPUs.
     """
+    _fields_have_their_types(d)
     try:
         mdl, cl = model(d.model), cluster(d.cluster)
     except ValueError as e:
@@ -124,9 +142,12 @@ def check_design(d: Design, brief: dict | None = None, gpu_mtbf_s: float = GPU_M
     if _off(d.overhead, want_overhead, 0.05):
         problems.append(f"overhead {d.overhead:.4f}, but C / I + I / (2 MTBF) = {want_overhead:.4f}")
     want_days = steps * d.step_time * (1 + d.overhead) / 86400
-    if _off(d.days, want_days, 0.02):
-        problems.append(f"days {d.days:.4g}, but {steps:,.0f} steps of {d.step_time:.3g} s with {d.overhead:.1%} "
-                        f"overhead take {want_days:.4g} days")
+    # tighter than the overhead (a fraction of a percent at scale), so that days without it are caught
+    if _off(d.days, want_days, min(0.01, d.overhead / 4) if d.overhead > 0 else 0.01):
+        bare = steps * d.step_time / 86400
+        hint = " (that is without the overhead)" if not _off(d.days, bare, 1e-6) else ""
+        problems.append(f"days {d.days:.5g}{hint}, but {steps:,.0f} steps of {d.step_time:.3g} s with "
+                        f"{d.overhead:.2%} overhead take {want_days:.5g} days")
     want_cost = d.gpus * d.days * 24 * d.usd_per_gpu_hour
     if _off(d.cost_usd, want_cost, 0.02):
         problems.append(f"cost_usd {d.cost_usd:,.0f}, but {d.gpus} GPUs x {d.days:.4g} days x 24 h x "

@@ -42,6 +42,18 @@ def fail(what: str, expected, got, hint: str = "") -> None:
     raise CheckFailed(msg)
 
 
+def attempt(name: str, fn: Callable, *args, shown: str | None = None, hint: str = ""):
+    """``fn(*args)``, the learner's code: a stub says the exercise is not done yet, and any other error becomes a
+    CheckFailed naming the call (``shown``, else ``name`` and the arguments), with the learner's frames below it."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
+    except Exception as e:
+        call = shown if shown is not None else f"{name}{_plain(args)}"
+        raise CheckFailed(f"{call} raised {type(e).__name__}: {e}" + (f"\n  hint: {hint}" if hint else "")) from e
+
+
 def close(a: float, b: float, rel: float = 1e-9, abs_: float = 0.0) -> bool:
     return math.isclose(float(a), float(b), rel_tol=rel, abs_tol=abs_)
 
@@ -54,12 +66,7 @@ def check_cases(name: str, fn: Callable, cases: Iterable[tuple[tuple, float, str
     """
     n = 0
     for args, expected, hint in cases:
-        try:
-            got = fn(*args)
-        except NotImplementedError:
-            raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
-        except Exception as e:  # the learner's code crashed: show the input and the error, not our traceback
-            raise CheckFailed(f"{name}{_plain(args)} raised {type(e).__name__}: {e}\n  hint: {hint}") from e
+        got = attempt(name, fn, *args, hint=hint)
         if got is None or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
             fail(f"{name}{_plain(args)}: expected a number", expected, got, "did you forget to `return` the value?")
         if not close(got, expected, rel=rel):

@@ -8,8 +8,10 @@ an IPython shell (a Jupyter kernel or the terminal):
 - a :class:`CheckFailed` shows its message, then only the learner's own frames if their code raised
   inside the check (``CheckFailed._render_traceback_``, IPython's protocol for this);
 - an exercise stub (``raise NotImplementedError  # your code here``) shows one line naming the exercise;
-- while an exercise is unfinished, a later cell that fails shows one line naming the exercise to finish
-  first, with the original error in brackets. Every other error shows IPython's usual traceback.
+- a function the failing cell defines that raised when a check called it shows the error and the cell's
+  frames: the learner's own mistake, even while an exercise above is unfinished;
+- otherwise, while an exercise is unfinished, a later cell that fails shows one line naming the exercise to
+  finish first, with the original error in brackets. Every other error shows IPython's usual traceback.
 
 An exercise counts as finished again once the cell that failed, or a cell defining its function, runs
 without error.
@@ -96,6 +98,27 @@ def blocking_exercise(error: BaseException) -> str | None:
     return pending[-1][0]
 
 
+def _cell_frames(tb) -> list[str]:
+    """The formatted frames of ``tb`` in notebook cells: neither minidist's, nor IPython's, nor any library's."""
+    return traceback.format_list([f for f in traceback.extract_tb(tb) if _in_a_cell(f.filename)])
+
+
+def _in_a_cell(filename: str) -> bool:
+    # ipykernel compiles a cell to a file named by its hash in its temp folder; the terminal to <ipython-input-..>
+    return filename.startswith("<ipython-input-") or re.search(r"ipykernel_\d+", filename) is not None
+
+
+def _own_function(tb) -> str | None:
+    """The function defined in the running cell that a minidist check called and that raised, if any: the error
+    is then that function's, whatever exercise above is unfinished."""
+    defined = set(re.findall(r"^def\s+(\w+)\s*\(", _cell["source"], re.M))
+    frames = traceback.extract_tb(tb) if defined and tb is not None else []
+    for caller, f in zip(frames, frames[1:]):
+        if f.name in defined and _in_a_cell(f.filename) and caller.filename.startswith(_PACKAGE):
+            return f.name
+    return None
+
+
 def _pre_run_cell(info) -> None:
     _cell["source"] = getattr(info, "raw_cell", "") or ""
     _cell["key"] = getattr(info, "cell_id", None) or _cell["source"].strip().split("\n", 1)[0]
@@ -120,6 +143,10 @@ def _handler(shell, etype, value, tb, tb_offset=None):
         defined = re.findall(r"^def\s+(\w+)\s*\(", _cell["source"], re.M)
         _record(f"`{defined[0]}`" if defined else _this_cell())
         stb = value._render_traceback_()
+    elif (own := _own_function(tb)) is not None:  # a check ran the learner's function and it crashed: theirs to fix
+        _record(f"`{own}`")
+        stb = [f"{_RED}{etype.__name__}{_RESET}: {value}", "", f"where your `{own}` raised it:"]
+        stb += [line.rstrip("\n") for frame in _cell_frames(tb) for line in frame.splitlines()]
     else:
         culprit = blocking_exercise(value)
         if culprit is None:
