@@ -75,3 +75,16 @@ def test_powersgd_bytes_names_the_slips():
         md.labs.check_powersgd_bytes(lambda m, n, r, e: m * n * e)
     with pytest.raises(CheckFailed, match="in bytes"):
         md.labs.check_powersgd_bytes(lambda m, n, r, e: r * (m + n))
+
+
+def test_topk_feedback_names_a_compact_send_and_a_missing_pair():
+    def compact(g, r, k):  # only the k values, not an array shaped like grad
+        sent, res = _topk(g, r, k)
+        return sent[sent != 0], res
+
+    with pytest.raises(CheckFailed, match=r"both are shaped like grad"):
+        md.labs.check_topk_feedback(compact)
+    with pytest.raises(CheckFailed, match=r"return a pair"):
+        md.labs.check_topk_feedback(lambda g, r, k: _topk(g, r, k)[0])
+    with pytest.raises(CheckFailed, match=r"topk_feedback\(grad of shape \(10,\), residual, k=1\) raised IndexError"):
+        md.labs.check_topk_feedback(lambda g, r, k: g[[99]])

@@ -33,3 +33,10 @@ def test_outer_step_tells_heavy_ball_from_nesterov(capsys):
         md.labs.check_outer_step(lambda t, d, v, lr, mu: (_nesterov(t, d, v, lr, mu)[0], v))
     with pytest.raises(CheckFailed, match="against the pseudo-gradient"):
         md.labs.check_outer_step(lambda t, d, v, lr, mu: (t + lr * (d + mu * (mu * v + d)), mu * v + d))
+
+
+def test_outer_step_names_a_missing_pair_and_a_crash():
+    with pytest.raises(CheckFailed, match=r"return a pair: \(new theta, new velocity\)"):
+        md.labs.check_outer_step(lambda t, d, v, lr, mu: _nesterov(t, d, v, lr, mu)[0])
+    with pytest.raises(CheckFailed, match=r"outer_step\(theta, delta, v, lr=.*\) raised ZeroDivisionError"):
+        md.labs.check_outer_step(lambda t, d, v, lr, mu: 1 / 0)

@@ -174,3 +174,11 @@ def test_params_per_gpu_knows_ep_splits_only_the_experts():
         md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: (nd + ne) / (tp * pp * ep))
     with pytest.raises(CheckFailed, match="1/ep of the experts"):
         md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: (nd + ne) / (tp * pp))
+
+
+def test_mesh_groups_of_the_wrong_type_are_named_before_the_cells_below_trip_on_them():
+    for wrong, got in ((lambda s, a: [np.array(g) for g in groups_right(s, a)], "list of ndarray of int64"),
+                       (lambda s, a: [tuple(g) for g in groups_right(s, a)], "list of tuple of int"),
+                       (lambda s, a: [[np.int64(r) for r in g] for g in groups_right(s, a)], "list of list of int64")):
+        with pytest.raises(CheckFailed, match=rf"the right groups, as the wrong type(.|\n)*{got}(.|\n)*\.tolist\(\)"):
+            md.labs.check_mesh_groups(wrong)

@@ -36,3 +36,9 @@ def test_reshard_wants_concatenate_then_split():
         md.labs.check_reshard(lambda blocks, t, axis: blocks)  # kept the old layout
     with pytest.raises(CheckFailed, match="same axis"):  # joined along the wrong axis: right shapes only when square
         md.labs.check_reshard(lambda blocks, t, axis: np.split(np.concatenate(blocks[::-1], axis=axis), t, axis=axis))
+
+
+def test_reshard_with_the_right_shapes_shows_a_wrong_number_not_two_equal_shapes():
+    with pytest.raises(CheckFailed, match=r"right shape \(8, 6\) but not the right numbers; at \(0, 0\)") as info:
+        md.labs.check_reshard(lambda blocks, t, axis: np.split(np.concatenate(blocks[::-1], axis), t, axis))
+    assert "shape (8, 6)\n  got:      'shape" not in str(info.value)

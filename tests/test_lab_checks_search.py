@@ -135,3 +135,8 @@ def test_search_names_layouts_by_their_short_labels():
     message = str(failure.value)
     assert "expected: 'dp8 tp1 cp1 pp1 ZeRO-0 (0.125)'" in message
     assert "ParallelConfig(" not in message and len(message) < 400
+
+
+def test_state_bytes_in_gigabytes_is_named():
+    with pytest.raises(CheckFailed, match="return bytes, not GB or GiB"):
+        md.labs.check_state_bytes(lambda *a: _state(*a) / 1e9)

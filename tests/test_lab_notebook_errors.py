@@ -76,9 +76,13 @@ def crash_run(tmp_path_factory):
         "import minidist as md",
         # 1: an exercise left unfinished above
         "def fit(x):\n    raise NotImplementedError  # your code here\n\n\nPSI = fit(3)",
-        # 2: a check that lets the learner's error through calls a function of this cell, which crashes
-        "def stochastic_round(v, levels, rng):\n    return v[None, None].item()\n\n"
-        "md.labs.check_stochastic_round(stochastic_round)",
+        # 2: a check that lets this error through (its last call, outside check_cases) calls a function of this
+        # cell, which crashes there
+        "calls = []\n\n\ndef attainable(peak, bw, i, net_bw=None, i_net=None):\n"
+        "    calls.append(i)\n"
+        "    ceilings = [peak, bw * i] + ([net_bw * i_net] if net_bw else [])\n"
+        "    return min(ceilings) if len(calls) <= 5 else ceilings[2]\n\n\n"
+        "md.labs.check_attainable(attainable)",
         # 3: a check that names the call its learner's function crashed in
         "def round_to(x, m, e):\n    return max(e, x)\n\nmd.labs.check_round_to(round_to)",
     ])
@@ -86,9 +90,9 @@ def crash_run(tmp_path_factory):
 
 def test_a_crash_in_a_function_a_check_called_is_the_learners_not_an_earlier_exercises(crash_run):
     _, shown = crash_run
-    assert shown[2].startswith("ValueError: can only convert an array of size 1")
-    assert "where your `stochastic_round` raised it" in shown[2] and "return v[None, None].item()" in shown[2]
-    assert "Finish" not in shown[2] and "compression_checks" not in shown[2]
+    assert shown[2].startswith("IndexError: list index out of range")
+    assert "where your `attainable` raised it" in shown[2] and "ceilings[2]" in shown[2]
+    assert "Finish" not in shown[2] and "roofline_checks" not in shown[2]
     assert shown[3].startswith("CheckFailed: round_to(x of shape (")
     assert "(fp16) raised ValueError: The truth value of an array" in shown[3]
     assert "return max(e, x)" in shown[3] and "Finish" not in shown[3]

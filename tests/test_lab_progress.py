@@ -76,3 +76,13 @@ def test_an_exercise_is_labelled_by_the_functions_the_learner_writes_not_the_hel
             "res = md.launch(sweep, 4)\n")
     assert _label(cell, 2) == "bus_bandwidth"
     assert _label("def helper():\n    return 1\n\n\nx = helper()  # your code here\n", 3) == "helper"
+
+
+def test_a_learners_copy_of_a_lab_is_judged_against_the_lab_of_its_number(tmp_path):
+    from minidist.labs.progress import pristine_for
+
+    root = course(tmp_path, ROOT / "solutions" / LAB)
+    copy = root / "labs" / "01_my_attempt.ipynb"
+    assert pristine_for(copy, root) == pristine_for(root / "labs" / LAB, root)
+    with pytest.raises(SystemExit, match="name a copy of a lab by its number first"):
+        pristine_for(root / "labs" / "attempt.ipynb", root)

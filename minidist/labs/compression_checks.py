@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, check_cases, fail, passed
+from minidist.labs.check import attempt, check_cases, fail, passed
 
 
 def check_stochastic_round(fn: Callable[[np.ndarray, int, np.random.Generator], np.ndarray]) -> None:
@@ -15,10 +15,9 @@ def check_stochastic_round(fn: Callable[[np.ndarray, int, np.random.Generator], 
     (not its index), rounded up with probability equal to its distance from the level below (so the mean is ``v``)."""
     v = np.array([0.0, 0.1, 0.25, 0.5, 0.74, 0.999, 1.0])
     for s in (1, 4, 10):
-        try:
-            draws = np.stack([np.asarray(fn(v.copy(), s, np.random.default_rng(i)), float) for i in range(4000)])
-        except NotImplementedError:
-            raise CheckFailed("stochastic_round: the exercise is not done yet (NotImplementedError)") from None
+        shown = f"stochastic_round(v, {s}, rng)"
+        draws = np.stack([np.asarray(attempt("stochastic_round", fn, v.copy(), s, np.random.default_rng(i),
+                                             shown=shown), float) for i in range(4000)])
         if draws.shape[1:] != v.shape:
             fail(f"stochastic_round(v of shape {v.shape}, {s}, rng)", v.shape, draws.shape[1:],
                  "round every entry: the result has the shape of v")
@@ -62,12 +61,17 @@ def check_topk_feedback(fn: Callable[[np.ndarray, np.ndarray, int], tuple]) -> N
     rng = np.random.default_rng(0)
     for n, k in ((10, 1), (50, 5), (200, 2)):
         g, r = rng.standard_normal(n), rng.standard_normal(n) * 0.5
-        try:
-            sent, res = fn(g.copy(), r.copy(), k)
-        except NotImplementedError:
-            raise CheckFailed("topk_feedback: the exercise is not done yet (it raised NotImplementedError)") from None
+        shown = f"topk_feedback(grad of shape ({n},), residual, k={k})"
+        got = attempt("topk_feedback", fn, g.copy(), r.copy(), k, shown=shown)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(shown, "(what is sent, the new residual)", got, "return a pair: the sparse gradient, shaped like "
+                 "grad, and the new residual")
         want_sent, want_res = _topk_ef(g, r, k)
-        sent, res = np.asarray(sent, float), np.asarray(res, float)
+        sent, res = np.asarray(got[0], float), np.asarray(got[1], float)
+        if sent.shape != g.shape or res.shape != g.shape:
+            fail(f"{shown}: the shapes of what is sent and of the residual", (g.shape, g.shape),
+                 (sent.shape, res.shape), "both are shaped like grad: what is sent is zero except at the k entries "
+                 "kept (their positions say which)")
         if np.count_nonzero(sent) != k:
             fail(f"topk_feedback(grad, residual, k={k}): entries sent", k, int(np.count_nonzero(sent)),
                  "send exactly k entries, zeros elsewhere")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from minidist.labs.check import check_cases, fail, passed
+from minidist.labs.check import attempt, check_cases, fail, passed
 
 
 def check_approx_params(fn: Callable[[int, int, int], float]) -> None:
@@ -55,10 +55,7 @@ def check_memory_estimates(state_fn: Callable[[float], float], act_fn: Callable)
 def check_run_estimate(fn: Callable) -> None:
     """(step seconds, tokens/s, days, dollars) from 6 Psi B / (P F MFU)."""
     args = (30e9, 600e9, 4 * 2**20, 128, 989.4e12, 0.4, 4.0)
-    try:
-        got = fn(*args)
-    except NotImplementedError:
-        fail("run_estimate is not done yet", "(step, tokens/s, days, dollars)", "NotImplementedError")
+    got = attempt("run_estimate", fn, *args)
     psi, tokens, b, p, f, m, usd = args
     step = 6 * psi * b / (p * f * m)
     tps = b / step

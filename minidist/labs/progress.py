@@ -193,8 +193,13 @@ def find_lab(spec: str, root: Path) -> Path:
 def pristine_for(path: Path, root: Path) -> dict:
     """The unanswered version of a lab, generated from its solution notebook."""
     solution = root / "solutions" / path.name
+    number = re.match(r"(\d+)_", path.name)
+    if not solution.exists() and number:  # a learner's copy (08_mine.ipynb): the lab of the same number
+        hits = sorted((root / "solutions").glob(f"{int(number.group(1)):02d}_*.ipynb"))
+        solution = hits[0] if hits else solution
     if not solution.exists():
-        raise SystemExit(f"no solution notebook {solution} to find the exercises of {path.name}")
+        raise SystemExit(f"no solution notebook {solution} to find the exercises of {path.name} (name a copy of a "
+                         f"lab by its number first: 08_mine.ipynb)")
     return exercise_notebook(json.loads(solution.read_text()))
 
 

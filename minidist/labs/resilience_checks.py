@@ -77,7 +77,10 @@ def check_reshard(fn: Callable[[list, int, int], list]) -> None:
                 hint = ("join the old blocks along the split axis (np.concatenate(blocks, axis)) and cut the whole "
                         "into new_tp equal blocks along the same axis")
                 if g.shape == w.shape:
-                    hint = "right shapes, wrong numbers: keep the blocks in rank order and split along the same axis"
+                    at = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(g != w)[0]), w.shape))
+                    fail(f"{name}: block of rank {r} has the right shape {w.shape} but not the right numbers; "
+                         f"at {at}", round(float(w[at]), 4), round(float(g[at]), 4),
+                         "keep the blocks in rank order and split along the same axis")
                 fail(f"{name}: block of rank {r}", f"shape {w.shape}", f"shape {g.shape}", hint)
         n += 1
     passed(f"reshard: {n} layouts, TP 8 -> 4 is concatenating pairs and 4 -> 8 is cutting in halves")
