@@ -323,11 +323,30 @@ def test_a_wait_that_never_ends_times_out_naming_it():
     def fn():
         if dist.get_rank() == 1:
             dist.recv(np.zeros(2), 0, tag=7)  # rank 0 never sends
+        else:
+            time.sleep(30)  # busy elsewhere, not finished: only the timeout can tell
 
     t = time.monotonic()
     with pytest.raises(RankError, match=r"CommTimeoutError: rank 1 waited .* recv\(src=0, tag=7\)"):
         launch(fn, 2, timeout=2, backend="mpi")
     assert time.monotonic() - t < 15
+    assert _leftovers()[0] == []
+
+
+@pytest.mark.parametrize("receiver_left", [True, False])
+def test_a_wait_on_a_rank_that_has_finished_ends_at_once_naming_it(receiver_left):
+    def fn(receiver_left):
+        if dist.get_rank() == 0 and receiver_left:
+            dist.send(np.ones(1 << 20), 1, tag=3)  # large enough to wait for its receiver, who has left
+        if dist.get_rank() == 1 and not receiver_left:
+            dist.recv(np.zeros(4), 0, tag=4)  # rank 0 has left without sending
+
+    t = time.monotonic()
+    want = (r"rank 0 waits in send\(dst=1, tag=3\) but rank 1 has finished and will never receive it" if receiver_left
+            else r"rank 1 waits in recv\(src=0, tag=4\) but rank 0 has finished and will never send it")
+    with pytest.raises(RankError, match=rf"PeerExitedError: {want}"):
+        launch(fn, 2, args=(receiver_left,), timeout=60, backend="mpi")
+    assert time.monotonic() - t < 15  # not the 60 s timeout
     assert _leftovers()[0] == []
 
 

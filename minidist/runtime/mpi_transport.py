@@ -14,10 +14,12 @@ someone does. The sender books its link on the simulated clock (``Clock.message`
 times, so every rank's clock advances exactly as under the simulator, and every result is bitwise the same.
 
 Waits poll MPI's non-blocking requests (MPI moves data only while polled: a spin of a few milliseconds
-when every rank has a core, then naps that grow to 0.2 ms) and time out like the simulator's. What MPI
-cannot tell: another rank's state (a timeout report names this rank's wait only) and a refusal back to
-the sender (the receiver that finds a message that does not fit raises, and the MPI launcher stops
-every rank).
+when every rank has a core, then naps that grow to 0.2 ms) and time out like the simulator's. A rank that has
+finished sends every peer an empty FIN message, so a wait on a message to or from it ends within a second,
+naming the peer, as under the simulator (an eager send completes without its receiver: only a message
+large enough to wait for its receiver is caught). What MPI cannot tell: another rank's state otherwise (a
+timeout report names this rank's wait only) and a refusal back to the sender (the receiver that finds a
+message that does not fit raises, and the MPI launcher stops every rank).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ import time
 
 import numpy as np
 
-from minidist.runtime.errors import CommTimeoutError, MismatchError, misfit
+from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, misfit
 from minidist.runtime.shm import HEADER, SIG_MAX
 from minidist.runtime.transport import oversubscribed, spin_seconds, wire_signature
 
-HDR_TAG, DATA_TAG = 0, 1
+HDR_TAG, DATA_TAG, FIN_TAG = 0, 1, 2  # FIN: an empty message each rank sends every peer once it has finished
 HDR_BYTES = HEADER.size + SIG_MAX
 SPIN = 2e-3  # seconds a wait polls before napping (yielding the core at each look when ranks outnumber cores)
 NAP_MAX = 200e-6  # MPI moves a message (and a collective's schedule) only while it is polled
+LOOK = 0.05  # seconds between looks for a peer's FIN while a wait is stuck
+GRACE = 0.5  # seconds a wait goes on after its peer's FIN before blaming it: what the peer sent last may still land
 
 
 class _Send:
@@ -119,6 +123,8 @@ class MPITransport:
         self.incoming: list[_Incoming] = []  # payloads on their way
         self.stash: dict[int, list[_Incoming]] = {}  # messages nobody asked for yet, by sender
         self.failed: list = []
+        self.finished_peers: dict[int, float] = {}  # peer -> when its FIN was seen
+        self.fin_sends: list = []
         self.native: dict[tuple, object] = {}  # group ranks -> communicator, for MPI's own collectives
         # MPI moves a message only while some rank polls, so a wait polls before it naps; when ranks outnumber
         # cores it gives the core away at each look (a peer on the same core runs at once), as the simulator does
@@ -285,7 +291,7 @@ class MPITransport:
         """
         timeout = self.timeout if timeout is None else timeout
         t0 = time.monotonic()
-        nap = 0.0
+        nap, next_look = 0.0, t0
         while True:
             moved = self.progress()
             if self.failed:
@@ -293,6 +299,9 @@ class MPITransport:
             if all(op.done for op in ops):
                 return
             now = time.monotonic()
+            if now - t0 > self.spin and now >= next_look:
+                next_look = now + LOOK
+                self._blame_finished_peers(ops, now)
             if now - t0 >= timeout:
                 what = ", ".join(op.describe() for op in ops if not op.done)
                 if self.coll is not None:
@@ -307,6 +316,27 @@ class MPITransport:
             elif now - t0 > self.spin:  # polled long enough: nap, longer each time, up to NAP_MAX
                 nap = min(NAP_MAX, nap * 2 or 10e-6)
                 time.sleep(nap)
+
+    def _blame_finished_peers(self, ops, now: float) -> None:
+        """A send to or a receive from a peer that has finished can never complete: say so once its FIN is
+        GRACE seconds old (the peer's last messages, sent before its FIN, land meanwhile)."""
+        for op in ops:
+            peer = getattr(op, "peer", None)
+            if op.done or peer is None:
+                continue
+            seen = self.finished_peers.get(peer)
+            if seen is None and self.comm.Iprobe(source=peer, tag=FIN_TAG):
+                self.finished_peers[peer] = seen = now
+            if seen is not None and now - seen >= GRACE:
+                way = "receive" if isinstance(op, _Send) else "send"
+                raise PeerExitedError(f"rank {self.rank} waits in {op.describe()} but rank {peer} has finished and "
+                                      f"will never {way} it")
+
+    def announce_finished(self) -> None:
+        """Tell every peer this rank has finished (empty messages, complete without their receivers)."""
+        for r in range(self.world):
+            if r != self.rank:
+                self.fin_sends.append(self.comm.Isend([b"", 0, _BYTE()], r, FIN_TAG))
 
     def wait_times(self, ops, meanwhile=None) -> bool:
         """Here a receive's header and bytes come together (an ``irecv``'s ``held`` changes nothing): wait for
@@ -337,6 +367,9 @@ class MPITransport:
             req.Cancel()
             req.Wait()
         self.hdr_req.clear()
+        for req in self.fin_sends:  # empty messages: out at once, received or not
+            req.Wait()
+        self.fin_sends.clear()
 
     # -- collectives: the simulator's board, MPI's own communicators -------------------------
     def publish(self, ranks, key: int, seq: int, sig: bytes, wake: bool = True) -> None:

@@ -65,6 +65,7 @@ def stop_rank() -> None:
     if ctx is not None:
         try:
             ctx.transport.flush()
+            ctx.transport.announce_finished()  # a peer still waiting on this rank hears it has left
         finally:
             ctx.transport.close()
             set_cost_hook(None)
