@@ -306,14 +306,15 @@ def test_a_rank_that_destroyed_its_group_still_closes_its_transport():
     from minidist.runtime.mpi_worker import stop_rank
 
     calls = []
-    transport = SimpleNamespace(flush=lambda: calls.append("flush"), close=lambda: calls.append("close"))
+    transport = SimpleNamespace(flush=lambda: calls.append("flush"), close=lambda: calls.append("close"),
+                                announce_finished=lambda: calls.append("announce"))
     context.set_current(SimpleNamespace(destroyed=True, transport=transport))
     try:
         stop_rank()
     finally:
         left = context._current
         context.set_current(None)
-    assert calls == ["flush", "close"] and left is None
+    assert calls == ["flush", "announce", "close"] and left is None
 
 
 @pytest.mark.parametrize("backend", ["sim", "inprocess"])
@@ -354,3 +355,41 @@ def test_a_future_refuses_a_value_before_its_receive_has_arrived():
         return fut.wait()[0].tolist()
 
     assert launch(f, 2)[0] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_all_gather_takes_tensors_of_uneven_sizes(backend):
+    def f():
+        r, p = dist.get_rank(), dist.get_world_size()
+        mine = np.arange(r + 1, dtype=np.float64) + 10 * r
+        out = [np.zeros(i + 1) for i in range(p)]
+        dist.all_gather(out, mine)
+        return [a.tolist() for a in out]
+
+    res = launch(f, 3, backend=backend)
+    for r in range(3):
+        assert res[r] == [[0.0], [10.0, 11.0], [20.0, 21.0, 22.0]]
+
+
+def test_all_gather_of_uneven_sizes_names_a_place_sized_for_nobody():
+    def f():
+        r, p = dist.get_rank(), dist.get_world_size()
+        out = [np.zeros(i + 1) for i in range(p)]
+        if r == 0:
+            out[2] = np.zeros(9)
+        dist.all_gather(out, np.zeros(r + 1))
+
+    with pytest.raises(RankError, match=r"all_gather: message from rank 2 to rank 0 does not fit: .*; rank 0's "
+                                         r"tensor_list\[2\] must have as many elements as rank 2's tensor"):
+        launch(f, 3, timeout=10)
+
+
+def test_all_gather_of_uneven_sizes_keeps_this_ranks_own_place_checked():
+    def f():
+        r = dist.get_rank()
+        out = [np.zeros(2), np.zeros(3)]  # each rank passes a tensor that does not fit its own place
+        with pytest.raises(ValueError, match=rf"tensor_list\[{r}\] \(this rank's own place\) has shape=\({r + 2},\)"):
+            dist.all_gather(out, np.zeros(r + 1))
+        return True
+
+    assert all(launch(f, 2).values)

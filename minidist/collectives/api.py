@@ -360,10 +360,20 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
-    """Every rank receives every rank's ``tensor`` in ``tensor_list`` (rank order)."""
+    """Every rank receives every rank's ``tensor`` in ``tensor_list`` (rank order).
+
+    As in torch.distributed the ranks' tensors may differ in size (``tensor_list[i]`` sized as rank i's); such
+    an all-gather runs as an all-to-all in which each rank sends its one tensor to everyone."""
     arr = _arr(tensor, "all_gather", writable=False)
     ctx = current("md.dist.all_gather")
     g = ctx.world if group is None else group
+    if (tensor_list is not None and len(tensor_list) == g.size() and ctx.rank in g
+            and any(_arr(a, "all_gather").shape != arr.shape for a in tensor_list)):
+        own = _arr(tensor_list[g.group_rank(ctx.rank)], "all_gather")
+        if own.shape != arr.shape:
+            raise ValueError(f"all_gather: tensor_list[{g.group_rank(ctx.rank)}] (this rank's own place) has "
+                             f"{_describe(own.shape, own.dtype)} but the tensor has {_describe(arr.shape, arr.dtype)}")
+        return _all_to_all_lists("all_gather", tensor_list, [arr] * g.size(), group, async_op, algorithm)
     outs, backs = [], []
     for a in _list_of(tensor_list, arr, "all_gather", "tensor_list", g.size()):
         f, b = _flat(a)
@@ -482,20 +492,26 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
     torch.distributed's list form: the tensors may differ in size (rank i's ``output_tensor_list[j]`` holds
     as many elements as rank j's ``input_tensor_list[i]``), not in dtype. It runs as ``all_to_all_single`` on
     the lists laid end to end."""
-    ctx = current("md.dist.all_to_all")
+    return _all_to_all_lists("all_to_all", output_tensor_list, input_tensor_list, group, async_op, algorithm)
+
+
+def _all_to_all_lists(name: str, output_tensor_list, input_tensor_list, group, async_op: bool, algorithm):
+    ctx = current(f"md.dist.{name}")
     p = (ctx.world if group is None else group).size()
-    ins = _tensors(input_tensor_list, p, "all_to_all", "input_tensor_list", False)
-    outs = _tensors(output_tensor_list, p, "all_to_all", "output_tensor_list", True)
+    what_in, what_out = ("input_tensor_list", "output_tensor_list") if name == "all_to_all" else ("tensor",
+                                                                                                  "tensor_list")
+    ins = _tensors(input_tensor_list, p, name, what_in, False)
+    outs = _tensors(output_tensor_list, p, name, what_out, True)
     dtype = ins[0].dtype
-    odd = [f"{what}[{i}] is {a.dtype}" for what, arrs in (("input_tensor_list", ins), ("output_tensor_list", outs))
+    odd = [f"{what}[{i}] is {a.dtype}" for what, arrs in ((what_in, ins), (what_out, outs))
            for i, a in enumerate(arrs) if a.dtype != dtype]
     if odd:
-        raise ValueError(f"all_to_all: every tensor must have the dtype of input_tensor_list[0], {dtype}; "
-                         f"{', '.join(odd)}")
+        raise ValueError(f"{name}: every tensor must have the dtype of {what_in}"
+                         f"{'[0]' if name == 'all_to_all' else ''}, {dtype}; {', '.join(odd)}")
     me = (ctx.world if group is None else group).group_rank(ctx.rank)
     if me >= 0 and ins[me].size != outs[me].size:
-        raise ValueError(f"all_to_all: rank {ctx.rank} keeps input_tensor_list[{me}] ({ins[me].size} elements) for "
-                         f"itself in output_tensor_list[{me}] ({outs[me].size} elements): they must be as large")
+        raise ValueError(f"{name}: rank {ctx.rank} keeps {what_in}[{me}] ({ins[me].size} elements) for "
+                         f"itself in {what_out}[{me}] ({outs[me].size} elements): they must be as large")
     src = np.concatenate([a.reshape(-1) for a in ins])
     flat = np.empty(sum(a.size for a in outs), dtype)
     out_pieces = pieces(flat, [a.size for a in outs])
@@ -504,7 +520,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op: bool
         for a, piece in zip(outs, out_pieces):
             a[...] = piece.reshape(a.shape)
 
-    return _run("all_to_all", "all_to_all", group, algorithm, dtype.itemsize, (_rows, (), dtype), async_op,
+    return _run("all_to_all", name, group, algorithm, dtype.itemsize, (_rows, (), dtype), async_op,
                 (out_pieces, pieces(src, [a.size for a in ins])), after, (output_tensor_list,))
 
 

@@ -21,6 +21,8 @@ def misfit(name: str, src: int, dst: int, tag: int, sent: tuple, into: tuple) ->
     if name == "all_to_all_single":
         text += (f"; rank {src}'s input_split_sizes entry for rank {dst} must equal rank {dst}'s output_split_sizes "
                  f"entry for rank {src}")
+    elif name == "all_gather":
+        text += f"; rank {dst}'s tensor_list[{src}] must have as many elements as rank {src}'s tensor"
     elif name == "all_to_all":
         text += (f"; rank {src}'s input_tensor_list entry for rank {dst} must have as many elements as rank {dst}'s "
                  f"output_tensor_list entry for rank {src}")
