@@ -388,6 +388,16 @@ def test_hierarchical_check_names_the_missing_inter_node_group():
     assert "nothing from the other nodes" in msg and "the inter-node group holds one rank per node" in msg
 
 
+def _hier_returning(x, G):  # the right sum, returned instead of written into x
+    y = x.copy()
+    _hier_good(y, G)
+    return y
+
+
+def test_hierarchical_check_says_x_is_unchanged_when_the_sum_is_returned():
+    assert "hint: x is unchanged: leave the sum in x itself" in _hier_message(_hier_returning)
+
+
 def test_two_level_and_contention_checks():
     def flat(n, G, N, a1, b1, a2, b2):
         p = G * N

@@ -32,7 +32,7 @@ def unscaled_o(a, b):
 
 def test_merge_check_accepts_and_rejects(capsys):
     check_softmax_merge(good_merge)
-    assert "ok: check_softmax_merge" in capsys.readouterr().out
+    assert "ok: merge: 3 random cases" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="exp\\(-inf - \\(-inf\\)\\) is nan"):
         check_softmax_merge(naive_merge)
     with pytest.raises(CheckFailed, match="o is rescaled by the same factors"):
@@ -68,7 +68,7 @@ def _ring(q, k, v, overlap=True, extra_send=False, rotate=True):
 
 def test_ring_check_accepts_and_rejects(capsys):
     check_ring_attention(_ring)
-    assert "ok: check_ring_attention" in capsys.readouterr().out
+    assert "ok: my_ring_attention" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="only attends to this rank's own keys"):
         check_ring_attention(lambda q, k, v: _ring(q, k, v, rotate=False))
     with pytest.raises(CheckFailed, match="does not hide its transfers"):

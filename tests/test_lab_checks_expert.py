@@ -85,3 +85,19 @@ def test_split_and_aux_mistakes():
         check_aux_loss(lambda p, e: aux(p, e) / p.shape[1])
     with pytest.raises(CheckFailed, match="divide the counts by N k"):
         check_aux_loss(lambda p, e: aux(p, e) * e.shape[1])
+
+
+def test_aux_without_minlength_is_caught_by_an_expert_nobody_chose():
+    def short_count(probs, experts):  # np.bincount without minlength: one entry short when the last expert is idle
+        E = probs.shape[1]
+        f = np.bincount(experts.reshape(-1)) / experts.size
+        return E * float((f * probs.mean(0)[: len(f)]).sum()) + (0.0 if len(f) == E else 1.0)
+
+    with pytest.raises(CheckFailed, match=r"np.bincount\(\.\.\., minlength=E\)"):
+        check_aux_loss(short_count)
+
+    def broadcast_error(probs, experts):
+        return probs.shape[1] * float((np.bincount(experts.reshape(-1)) / experts.size * probs.mean(0)).sum())
+
+    with pytest.raises(CheckFailed, match=r"raised ValueError(.|\n)*minlength=E"):
+        check_aux_loss(broadcast_error)

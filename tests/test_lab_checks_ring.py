@@ -44,3 +44,24 @@ def test_ring_check_rejects_library_collectives_and_accepts_the_ring(capsys):
             md.labs.check_ring_all_reduce(fn)
     md.labs.check_ring_all_reduce(ring_good)
     assert "ok: ring_all_reduce" in capsys.readouterr().out
+
+
+def ring_rebinding(x):  # chunks[i] = chunks[i] + incoming: a new array in the list, x never sees the sum
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    chunks = np.array_split(x, p)
+    right, left = (r + 1) % p, (r - 1) % p
+    for k in range(p - 1):
+        incoming = np.empty_like(chunks[(r - k - 1) % p])
+        handle = md.dist.isend(chunks[(r - k) % p], right)
+        md.dist.recv(incoming, left)
+        handle.wait()
+        chunks[(r - k - 1) % p] = chunks[(r - k - 1) % p] + incoming
+    for k in range(p - 1):
+        handle = md.dist.isend(chunks[(r - k + 1) % p], right)
+        md.dist.recv(chunks[(r - k) % p], left)
+        handle.wait()
+
+
+def test_a_sum_that_rebinds_a_chunk_is_told_to_add_in_place():
+    with pytest.raises(CheckFailed, match=r"still hold its own input: the sums never reached x(.|\n)*only rebinds"):
+        md.labs.check_ring_all_reduce(ring_rebinding)

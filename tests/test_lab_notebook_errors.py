@@ -88,6 +88,40 @@ def crash_run(tmp_path_factory):
     ])
 
 
+@pytest.fixture(scope="module")
+def rank_run(tmp_path_factory):
+    return run_cells(tmp_path_factory, [
+        "import numpy as np\nimport minidist as md",
+        # 1: a stub called on simulated ranks
+        "def shift_right(x):\n    raise NotImplementedError  # your code here\n\n\n"
+        "def body():\n    return shift_right(np.ones(2))\n\n\nres = md.launch(body, 2, quiet=True)",
+        # 2: a launch that fails for another reason while shift_right is unfinished: one line, not the report
+        "def other():\n    return res\n\n\nmd.launch(other, 2, quiet=True)",
+        # 3: a cell of two functions, the second one wrong: the check names it, and so does the next cell
+        "def ring_time(n, p, a, b):\n    return md.estimate.collective_time('all_reduce', n, p, a, b, 'ring')\n\n\n"
+        "def tree_time(n, p, a, b):\n    return 0.0\n\n\nmd.labs.check_collective_times(ring_time, tree_time)",
+        "print(TIMES)",
+    ])
+
+
+def test_a_stub_on_a_simulated_rank_is_named_in_one_line(rank_run):
+    _, shown = rank_run
+    assert shown[1] == ("NotImplementedError: `shift_right` is not done yet: replace "
+                        "`raise NotImplementedError  # your code here` with your code")
+
+
+def test_a_rank_failure_blamed_on_an_unfinished_exercise_shows_its_first_line_only(rank_run):
+    _, shown = rank_run
+    assert shown[2].startswith("Finish `shift_right` first: this cell depends on it (RankError: rank ")
+    assert "\n" not in shown[2] and "traceback of rank" not in shown[2]
+
+
+def test_the_function_a_check_found_wrong_is_the_one_blamed_later(rank_run):
+    _, shown = rank_run
+    assert shown[3].startswith("CheckFailed: tree_time(")
+    assert shown[4].startswith("Finish `tree_time` first")
+
+
 def test_a_crash_in_a_function_a_check_called_is_the_learners_not_an_earlier_exercises(crash_run):
     _, shown = crash_run
     assert shown[2].startswith("IndexError: list index out of range")

@@ -56,8 +56,11 @@ def check_fit_alpha_beta(fn: Callable[[np.ndarray, np.ndarray], tuple[float, flo
             fail(f"fit_alpha_beta on exact {label} data: beta is wrong", beta, b,
                  "the fitted slope is seconds per byte, 1/beta: invert it to get bytes per second")
         if not (math.isclose(a, alpha, rel_tol=1e-6) and math.isclose(b, beta, rel_tol=1e-6)):
+            hint = "alpha is the intercept of T against n, 1/beta the slope"
+            if math.isclose(a, alpha * 1e6, rel_tol=1e-6) or math.isclose(b, beta / 1e9, rel_tol=1e-6):
+                hint = "return SI units: alpha in seconds (not microseconds), beta in bytes per second (not GB/s)"
             fail(f"fit_alpha_beta on exact {label} data T = {alpha:g} + n / {beta:g} does not recover them",
-                 (alpha, beta), (a, b), "alpha is the intercept of T against n, 1/beta the slope")
+                 (alpha, beta), (a, b), hint)
     # noisy data: a sweep with a few small and many large messages, 3% multiplicative noise. Ordinary
     # least squares lets the long transfers swamp the short ones (here it finds alpha = 0.3 us instead
     # of 2 us); the relative fit weighs every measurement by its own precision.

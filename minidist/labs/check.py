@@ -51,7 +51,39 @@ def attempt(name: str, fn: Callable, *args, shown: str | None = None, hint: str 
         raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
     except Exception as e:
         call = shown if shown is not None else f"{name}{_plain(args)}"
+        if isinstance(e, TypeError) and "NoneType" in str(e):
+            hint = ("a value is None here: an optional argument left at its default (None), or a function that "
+                    "returned nothing; handle that case first")
         raise CheckFailed(f"{call} raised {type(e).__name__}: {e}" + (f"\n  hint: {hint}" if hint else "")) from e
+
+
+def number(what: str, got, hint: str = "") -> float:
+    """``got`` as a float, or a CheckFailed saying that ``what`` should be one number."""
+    if got is None:
+        fail(what, "a number", None, "did you forget to `return` the value?")
+    if not isinstance(got, (bool, str)) and np.ndim(got) == 0:
+        try:
+            return float(got)
+        except (TypeError, ValueError):
+            pass
+    fail(what, "a number", got, hint or "give one number (a float), not a list, a string or None")
+
+
+def numbers_of(what: str, got, names: tuple[str, ...]) -> list[float]:
+    """``got`` as ``len(names)`` floats, or a CheckFailed naming what should have been returned, in order."""
+    want = f"({', '.join(names)})"
+    if not isinstance(got, (tuple, list, np.ndarray)) or np.ndim(got) != 1 or len(got) != len(names):
+        fail(what, f"{len(names)} numbers: {want}", got, f"return the tuple {want}")
+    return [number(f"{what}: {name}", g, f"{name} is one number") for name, g in zip(names, got)]
+
+
+def _units(got: float, expected: float) -> str | None:
+    """A power of a thousand between the answer and the truth is almost always a unit."""
+    for factor in (1e3, 1e6, 1e9, 1e12):
+        if expected and (close(got, expected * factor, rel=1e-6) or close(got, expected / factor, rel=1e-6)):
+            return (f"off by a factor of {factor:g}: check the units (minidist is SI throughout: seconds, bytes, "
+                    f"bytes per second, FLOP/s)")
+    return None
 
 
 def close(a: float, b: float, rel: float = 1e-9, abs_: float = 0.0) -> bool:
@@ -67,10 +99,9 @@ def check_cases(name: str, fn: Callable, cases: Iterable[tuple[tuple, float, str
     n = 0
     for args, expected, hint in cases:
         got = attempt(name, fn, *args, hint=hint)
-        if got is None or not isinstance(got, (int, float)) and not hasattr(got, "__float__"):
-            fail(f"{name}{_plain(args)}: expected a number", expected, got, "did you forget to `return` the value?")
+        got = number(f"{name}{_plain(args)}: expected a number", got)
         if not close(got, expected, rel=rel):
-            better = diagnose(args, expected, float(got)) if diagnose else None
+            better = (diagnose(args, expected, got) if diagnose else None) or _units(got, expected)
             fail(f"{name}{_plain(args)} is wrong", expected, got, better or hint)
         n += 1
     passed(f"{name}: {n} cases")

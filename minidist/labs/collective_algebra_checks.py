@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, attempt, fail, passed
+from minidist.labs.check import CheckFailed, attempt, fail, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 from minidist.runtime.ops import ReduceOp
 
@@ -136,9 +136,11 @@ def check_fp_prediction(left: float, right: float) -> None:
     want_l, want_r = float((a + b) + one), float(a + (b + one))
     if left is Ellipsis or right is Ellipsis:
         raise CheckFailed("fp_prediction: the exercise is not done yet (fill in left and right)")
-    if float(left) != want_l:
+    left = number("left, (1e20 + -1e20) + 1 in float32", left)
+    right = number("right, 1e20 + (-1e20 + 1) in float32", right)
+    if left != want_l:
         fail("(1e20 + -1e20) + 1 in float32", want_l, left, "1e20 and -1e20 cancel exactly, then 1 is added to 0")
-    if float(right) != want_r:
+    if right != want_r:
         fail("1e20 + (-1e20 + 1) in float32", want_r, right,
              f"float32 values near 1e20 are {float(np.spacing(a)):.3g} apart, so -1e20 + 1 rounds back to -1e20")
     passed("(1e20 + -1e20) + 1 = 1 but 1e20 + (-1e20 + 1) = 0 in float32: addition is not associative")

@@ -36,7 +36,7 @@ def _call_merge(merge, a, b, what: str):
     try:
         got = merge(tuple(a), tuple(b))
     except NotImplementedError:
-        raise CheckFailed("check_softmax_merge: the exercise is not done yet (it raised NotImplementedError)") from None
+        raise CheckFailed("merge: the exercise is not done yet (it raised NotImplementedError)") from None
     except Exception as e:
         raise CheckFailed(f"merge raised {type(e).__name__} on {what}: {e}") from e
     if not isinstance(got, (tuple, list)) or len(got) != 3:
@@ -88,7 +88,7 @@ def check_softmax_merge(merge: Callable) -> None:
         _compare_state(_call_merge(merge, e, a, "(identity, a)"), a, "(identity, a): a block nobody can see")
         _compare_state(_call_merge(merge, e, e, "(identity, identity)"), e, "(identity, identity)")
         n += 1
-    passed(f"check_softmax_merge: {n} random cases, associative, identity (-inf, 0, 0) handled")
+    passed(f"merge: {n} random cases, associative, identity (-inf, 0, 0) handled")
 
 
 # -- ring attention ------------------------------------------------------------------------
@@ -163,7 +163,7 @@ def check_ring_attention(fn: Callable) -> None:
         fail("ring attention on 4 ranks does not hide its transfers: simulated time", f"about {ref:.3g} s",
              f"{mine:.3g} s", "post isend of the block you hold and irecv of the next one *before* computing on "
                               "the current block, and wait for both after: then a step costs max(compute, transfer)")
-    passed("check_ring_attention: outputs on 2 and 4 ranks, 2(p-1)/p of K/V sent per rank, transfers hidden")
+    passed("my_ring_attention: outputs on 2 and 4 ranks, 2(p-1)/p of K/V sent per rank, transfers hidden")
 
 
 def _local(Q, K, V, r, c):

@@ -101,6 +101,9 @@ def check_bucketed_time(fn: Callable[[float, int, int, float, float], float]) ->
             return "each bucket carries n/k bytes, not the whole gradient"
         if math.isclose(got, ref(n, k, p, a, b) / 2, rel_tol=1e-9):
             return "an all-reduce is a reduce-scatter then an all-gather: 2(p-1) steps, not p-1"
+        for factor, unit in ((1e3, "milliseconds"), (1e6, "microseconds")):
+            if math.isclose(got, _want * factor, rel_tol=1e-6):
+                return f"return seconds, not {unit}"
         return None
 
     check_cases("bucketed_time", fn, cases, diagnose=diagnose)
@@ -126,6 +129,9 @@ def check_dp_min_tokens(fn: Callable[[float, float, float], float]) -> None:
             return "a ring all-reduce sends about 2 Psi s bytes per GPU (reduce-scatter + all-gather)"
         if math.isclose(got, want / s, rel_tol=1e-9):
             return "the gradient bytes are Psi times bytes_per_grad"
+        if math.isclose(got, want * 1.5, rel_tol=1e-9):
+            return ("that is F s / (2 beta), where the backward alone (4 Psi per token) hides the all-reduce; R = 1 "
+                    "compares it with the whole step, 6 Psi per token")
         return None
 
     check_cases("dp_min_tokens", fn, cases, rel=1e-6, diagnose=diagnose)

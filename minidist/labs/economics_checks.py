@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from minidist.labs.check import attempt, check_cases, fail, passed
+from minidist.labs.check import attempt, check_cases, fail, number, numbers_of, passed
 
 
 def check_approx_params(fn: Callable[[int, int, int], float]) -> None:
@@ -66,8 +66,7 @@ def check_run_estimate(fn: Callable) -> None:
              "tokens per step divided by seconds per step",
              "tokens / (tokens per second), in days (86400 s)",
              "GPU-hours: gpus * hours, times the price per GPU-hour")
-    if got is None or len(got) != 4:
-        fail("run_estimate must return 4 numbers", names, got)
+    got = numbers_of(f"run_estimate{args}", got, names)
     # the usual slips, as (field, factor got / want, hint)
     slips = [(0, 1 / 3, "count the backward pass: 6 Psi FLOPs per token (2 forward, 4 backward), not 2 Psi"),
              (0, m, "divide by the MFU too: each GPU delivers only MFU x F of its peak"),
@@ -86,11 +85,14 @@ def check_run_estimate(fn: Callable) -> None:
 
 def check_sandbox_mfu(value: float, n_params: int, tokens: int, seconds: float, peak: float) -> None:
     want = 6 * n_params * tokens / (seconds * peak)
-    if value is None or not math.isclose(float(value), want, rel_tol=1e-9):
+    value = number("sandbox_mfu", value, "sandbox_mfu is one number: the MFU as a fraction (0.5 for 50%)")
+    if not math.isclose(value, want, rel_tol=1e-9):
         hint = "MFU = (6 Psi tokens / seconds) / peak: achieved model FLOP/s over the peak"
-        if value is not None and math.isclose(float(value), want / 3, rel_tol=1e-9):
+        if math.isclose(value, want / 3, rel_tol=1e-9):
             hint = "count the backward pass too: 6 Psi per token, not 2 Psi"
-        elif value is not None and math.isclose(float(value), 100 * want, rel_tol=1e-9):
+        elif math.isclose(value, 100 * want, rel_tol=1e-3):
             hint = "give MFU as a fraction of the peak (0.5 for 50%), not in percent"
+        elif math.isclose(value, want, rel_tol=2e-2):
+            hint = "close, but rounded: compute it from the numbers, do not type it in"
         fail("sandbox MFU", want, value, hint)
     passed(f"sandbox MFU = {want:.1%}")

@@ -12,16 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, fail, passed
+from minidist.labs.check import attempt, fail, number, passed
 
 
-def _call(name: str, fn: Callable, *args):
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
-    except Exception as e:
-        raise CheckFailed(f"{name} raised {type(e).__name__}: {e}") from e
+def _call(name: str, fn: Callable, *args, hint: str = ""):
+    return attempt(name, fn, *args, shown=name, hint=hint)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -115,7 +110,7 @@ def check_dispatch_splits(splits: Callable) -> None:
             elif got == [int(kept[(experts % ep) == q].sum()) for q in range(ep)]:
                 hint = "experts are placed in contiguous blocks: rank q holds experts q E/ep .. (q+1) E/ep - 1"
             fail(f"splits(E={E}, ep={ep})", want, got, hint)
-    passed("check_dispatch_splits: 3 cases")
+    passed("splits: 3 cases")
 
 
 def check_aux_loss(aux: Callable) -> None:
@@ -135,8 +130,17 @@ def check_aux_loss(aux: Callable) -> None:
             elif np.isclose(got, want * k):
                 hint = "f_i is a fraction of the N k assignments: divide the counts by N k, not N"
             fail(f"aux(N={N}, E={E}, k={k})", want, got, hint)
+    # an expert nobody chose (the last): its f_i is 0, and a count that forgets it is one entry short
+    probs = _softmax(rng.normal(size=(12, 4)) - np.array([0, 0, 0, 9.0]))
+    experts = np.argsort(-probs, axis=-1)[:, :1]
+    assert 3 not in experts
+    want = 4 * float((np.bincount(experts.reshape(-1), minlength=4) / 12 * probs.mean(0)).sum())
+    unused = "an expert that no token chose still counts, with f_i = 0: np.bincount(..., minlength=E)"
+    got = number("aux with an expert nobody chose", _call("aux", aux, probs.copy(), experts.copy(), hint=unused))
+    if not np.isclose(got, want, rtol=1e-10):
+        fail("aux with an expert nobody chose (N=12, E=4, k=1)", want, got, unused)
     uniform = np.full((8, 4), 0.25)
     got = float(_call("aux", aux, uniform, np.arange(8)[:, None] % 4))
     if not np.isclose(got, 1.0):
         fail("aux at uniform routing", 1.0, got, "with f_i = P_i = 1/E the loss is E * E * (1/E)^2 = 1")
-    passed("check_aux_loss: 3 cases (1 at uniform routing)")
+    passed("aux: 4 cases (1 at uniform routing, 1 with an expert nobody chose)")

@@ -65,6 +65,17 @@ def stub_exercise(etype: type, tb) -> str | None:
     return f"`{last.name}`" if last.name != "<module>" else _this_cell()
 
 
+def _stub_on_a_rank(value: BaseException) -> str | None:
+    """The exercise whose stub raised inside a simulated rank (a RankError carries each rank's traceback)."""
+    for err in (getattr(value, "errors", None) or {}).values():
+        if len(err) > 2 and err[0] == "NotImplementedError" and STUB in str(err[2]):
+            names = re.findall(r'^  File "[^"]*", line \d+, in (\S+)\n(?=.*' + re.escape(STUB) + ")", str(err[2]),
+                               re.M)
+            if names and names[-1] != "<module>":
+                return f"`{names[-1]}`"
+    return None
+
+
 def _this_cell() -> str:
     return f"the exercise in cell [{_cell['count']}]" if _cell["count"] is not None else "the exercise in this cell"
 
@@ -135,14 +146,17 @@ def _handler(shell, etype, value, tb, tb_offset=None):
 
     count = getattr(shell, "execution_count", None)
     _cell["count"] = count - 1 if isinstance(count, int) else None  # IPython counts a cell before running it
-    exercise = stub_exercise(etype, tb)
+    exercise = stub_exercise(etype, tb) or _stub_on_a_rank(value)
     if exercise is not None:
         _record(exercise)
-        stb = [f"{_RED}{etype.__name__}{_RESET}: {exercise} is not done yet: "
+        stb = [f"{_RED}NotImplementedError{_RESET}: {exercise} is not done yet: "
                f"replace `raise NotImplementedError  {STUB}` with your code"]
     elif isinstance(value, CheckFailed):
         defined = re.findall(r"^def\s+(\w+)\s*\(", _cell["source"], re.M)
-        _record(f"`{defined[0]}`" if defined else _this_cell())
+        text = str(value)  # a check names the function it found wrong first: blame that one of the cell's
+        named = ([d for d in defined if re.match(rf"{d}\b", text)]
+                 or [d for d in defined if re.search(rf"\b{d}\b", text)])
+        _record(f"`{(named or defined)[0]}`" if defined else _this_cell())
         stb = value._render_traceback_()
     elif (own := _own_function(tb)) is not None:  # a check ran the learner's function and it crashed: theirs to fix
         _record(f"`{own}`")
@@ -153,8 +167,9 @@ def _handler(shell, etype, value, tb, tb_offset=None):
         if culprit is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
             return None
+        first = (str(value).splitlines() or [""])[0]  # a rank's report runs on for pages: its first line says it
         stb = [f"{_RED}Finish {culprit} first{_RESET}: this cell depends on it "
-               f"({etype.__name__}: {value})"]
+               f"({etype.__name__}: {first})"]
     shell._showtraceback(etype, value, stb)
     return None
 

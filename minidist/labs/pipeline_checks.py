@@ -60,11 +60,13 @@ def check_1f1b_actions(actions: Callable) -> None:
         with_communication,
     )
 
+    name = getattr(actions, "__name__", "")  # the learner's own name for it (one_f_one_b in the lab)
+    name = name if name.isidentifier() else "actions"
     n = 0
     for p, m in [(2, 1), (2, 4), (3, 5), (4, 4), (4, 8), (4, 2)]:
-        got = attempt("actions", actions, p, m)
+        got = attempt(name, actions, p, m)
         if not isinstance(got, (list, tuple)) or len(got) != p:
-            fail(f"actions({p}, {m}) must return one list per stage", f"{p} lists", got)
+            fail(f"{name}({p}, {m}) must return one list per stage", f"{p} lists", got)
         comp = []
         for s, row in enumerate(got):
             acts = []
@@ -72,9 +74,9 @@ def check_1f1b_actions(actions: Callable) -> None:
                 try:
                     a = Action.parse(str(x))
                 except ValueError:
-                    fail(f"actions({p}, {m}), stage {s}: {x!r} is not an action", "'F3' or 'B3'", x)
+                    fail(f"{name}({p}, {m}), stage {s}: {x!r} is not an action", "'F3' or 'B3'", x)
                 if a.op not in ("F", "B"):
-                    fail(f"actions({p}, {m}), stage {s}: only forwards and backwards here", "'F<i>' or 'B<i>'", x,
+                    fail(f"{name}({p}, {m}), stage {s}: only forwards and backwards here", "'F<i>' or 'B<i>'", x,
                          "the messages are added for you")
                 acts.append(a)
             comp.append(acts)
@@ -87,12 +89,12 @@ def check_1f1b_actions(actions: Callable) -> None:
             if book:
                 hint = (f"your stage s warms up with {book} forwards, as in the book's code, which is reversed: "
                         f"the last stage must start backwards first. " + hint)
-            raise CheckFailed(f"actions({p}, {m}) cannot run: {e}\n  hint: {hint}") from None
+            raise CheckFailed(f"{name}({p}, {m}) cannot run: {e}\n  hint: {hint}") from None
         for s, acts in enumerate(comp):
             for op, word in (("F", "forwards"), ("B", "backwards")):
                 order = [a.mb for a in acts if a.op == op]
                 if order != sorted(order):
-                    fail(f"actions({p}, {m}): stage {s} runs its {word} out of order", sorted(order), order,
+                    fail(f"{name}({p}, {m}): stage {s} runs its {word} out of order", sorted(order), order,
                          "1F1B takes micro-batches first in, first out: F0, F1, ... and B0, B1, ... on every "
                          "stage (the oldest activations are freed first)")
             held = top = 0
@@ -100,12 +102,13 @@ def check_1f1b_actions(actions: Callable) -> None:
                 held += 1 if a.op == "F" else -1
                 top = max(top, held)
             if top != min(p - s, m):
-                fail(f"actions({p}, {m}): stage {s} holds {top} micro-batches at once", min(p - s, m), top,
+                fail(f"{name}({p}, {m}): stage {s} holds {top} micro-batch{'es' if top != 1 else ''} at once",
+                     min(p - s, m), top,
                      "1F1B runs a backward as soon as it can after min(p-s-1, m) warm-up forwards, so stage s "
                      "never holds more than p - s micro-batches (all forwards first is GPipe)")
         b = bubble_fraction(simulate(sched))
         if not close(b, (p - 1) / (m + p - 1), rel=1e-9):
-            fail(f"actions({p}, {m}): simulated bubble", (p - 1) / (m + p - 1), b,
+            fail(f"{name}({p}, {m}): simulated bubble", (p - 1) / (m + p - 1), b,
                  "a stage waits longer than it must: alternate one F and one B in the steady state")
         n += 1
     passed(f"1F1B action lists: {n} pipelines run without deadlock, hold min(p-s, m) micro-batches, bubble "

@@ -10,6 +10,7 @@ offloading overlap condition is checked against its closed form.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 from minidist.labs.check import attempt, check_cases, fail, passed
@@ -52,7 +53,7 @@ def check_best_interval(fn: Callable[[int, float, float], int]) -> None:
     for L, m, b in cases:
         k = attempt("best_interval", fn, L, m, b)
         best = min(_ref_bytes(L, j, m, b) for j in range(1, L + 1))
-        if not isinstance(k, int) and not (isinstance(k, float) and k.is_integer()):
+        if isinstance(k, bool) or not (isinstance(k, numbers.Integral) or (isinstance(k, float) and k.is_integer())):
             fail(f"best_interval({L}, {m:g}, {b:g}) must return a whole number of layers", "an int in 1..L", k,
                  "a checkpoint interval is a number of layers")
         k = int(k)
@@ -77,6 +78,8 @@ def check_overlap_tokens(fn: Callable[[float, float], float]) -> None:
 
     def diagnose(args, want, got):
         f, b = args
+        if got in (math.ceil(want), math.floor(want)):
+            return "return the threshold itself, a real number: the cells below compare it, unrounded"
         if math.isclose(got, b / f, rel_tol=1e-9):
             return "upside down: a faster link (larger bandwidth) must lower the threshold"
         for factor in (2, 3, 12, 24):

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, attempt, fail, passed
+from minidist.labs.check import CheckFailed, attempt, fail, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
 
@@ -132,6 +132,12 @@ def _wrong_result(results, p: int, n: int) -> str | None:
             return (f"every message followed the ring schedule, but rank {r}'s chunks {wrong}, which it receives in "
                     "the all-gather, are wrong: store the chunk received at all-gather step k in chunk (r - k) mod p, "
                     "replacing its contents (receive straight into it; do not add)")
+        mine = _encoded(r, p, n)
+        kept = [c for c in wrong if np.array_equal(got[bounds[c]:bounds[c + 1]], mine[bounds[c]:bounds[c + 1]])]
+        if kept:
+            return (f"rank {r}'s chunks {kept} still hold its own input: the sums never reached x. Add in place into "
+                    "the views np.array_split(x, p) returns (chunk += incoming, or chunk[...] = ...); "
+                    "`chunks[i] = chunks[i] + incoming` only rebinds the list entry")
         return (f"every message followed the ring schedule, but rank {r}'s chunk {(r + 1) % p}, complete when it sent "
                 "it at all-gather step 0, was changed afterwards: in the all-gather receive into chunk (r - k) mod p "
                 "only")
@@ -220,8 +226,9 @@ def check_collective_times(ring_fn: Callable, tree_fn: Callable) -> None:
         ]:
             got = attempt(name, fn, n, p, a, b)
             want = md.estimate.collective_time("all_reduce", n, p, a, b, algo)
-            if got is None or not math.isclose(float(got), want, rel_tol=1e-9):
-                fail(f"{name}(n={n:g}, p={p}, alpha={a:g}, beta={b:g})", want, got, hint)
+            what = f"{name}(n={n:g}, p={p}, alpha={a:g}, beta={b:g})"
+            if not math.isclose(number(what, got), want, rel_tol=1e-9):
+                fail(what, want, got, hint)
     passed("ring_time and tree_time match the closed forms")
 
 
@@ -232,7 +239,7 @@ def check_ring_tree_crossover(fn: Callable[[int, float, float], float]) -> None:
     for p, a, b in [(8, 1e-6, 450e9), (64, 5e-6, 50e9), (16, 2e-6, 100e9)]:
         got = attempt("crossover", fn, p, a, b)
         want = md.estimate.ring_tree_crossover_bytes(p, a, b)
-        if got is None or not math.isclose(float(got), want, rel_tol=1e-6):
+        if not math.isclose(number(f"crossover(p={p}, alpha={a:g}, beta={b:g})", got), want, rel_tol=1e-6):
             fail(f"crossover(p={p}, alpha={a:g}, beta={b:g})", want, got,
                  "set 2(p-1) a + 2(p-1)/p n/b equal to 2 log2(p) (a + n/b) and solve the linear equation for n")
     passed("crossover matches n* = 2 alpha beta (p - 1 - log2 p) / (2 log2 p - 2 (p-1)/p)")

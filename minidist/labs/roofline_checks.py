@@ -75,7 +75,9 @@ def check_dp_network_intensity(fn: Callable[[float, float, int, int], float]) ->
 
 def _judge_accumulation(a, compute_ms: float, comm_ms: float, where: str = "") -> int:
     want = math.ceil(comm_ms / compute_ms)
-    if a is None or isinstance(a, bool) or not isinstance(a, (int, float)) and not hasattr(a, "__int__") \
+    if a is None:
+        fail(f"accumulation steps{where}", want, None, "did you forget to `return` the number?")
+    if isinstance(a, bool) or not isinstance(a, (int, float)) and not hasattr(a, "__int__") \
             or int(a) != a:
         fail(f"accumulation steps{where} must be a whole number", want, a, "you cannot run half a micro-batch")
     if a < want:

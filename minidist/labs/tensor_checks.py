@@ -12,7 +12,8 @@ import math
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, check_cases, fail, passed
+from minidist.labs.check import check_cases, fail, passed
+from minidist.labs.ranks import run_ranks
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -88,19 +89,12 @@ def _check_share(name: str, p: int, macs: list, dense: int, hint: str) -> None:
 
 def _run(name: str, fn, world: int, args: list):
     """Run ``fn(*args[rank])`` on ``world`` ranks. Returns (outputs, trace)."""
-    from minidist.runtime import RankError, launch
-
     def body():
         from minidist import dist
 
         return _call(fn, *args[dist.get_rank()])
 
-    try:
-        res = launch(body, world_size=world, timeout=20)
-    except RankError as e:
-        if "NotImplementedError" in str(e):
-            raise CheckFailed(f"{name}: the exercise is not done yet (it raised NotImplementedError)") from None
-        raise CheckFailed(f"{name} failed on {world} ranks:\n{str(e).splitlines()[0]}") from None
+    res = run_ranks(name, body, world, timeout=20)
     outs = [o[0] for o in res]
     for r, o in enumerate(outs):
         if o is None:
@@ -182,10 +176,12 @@ def check_megatron_mlp(fn) -> None:
         want = gelu(x @ w1 + b1) @ w2 + b2
         outs, trace, macs = _run("megatron_mlp", fn, p, [(x, _counted(w1), b1, _counted(w2), b2)] * p)
         for r, got in enumerate(outs):
-            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-10, atol=1e-12):
+            if got.shape != want.shape:
+                fail(f"megatron_mlp on {p} ranks: rank {r}'s result has the wrong shape", want.shape, got.shape,
+                     "every rank returns the whole output x W1 W2 (batch x d_model), the all-reduce's sum")
+            if not np.allclose(got, want, rtol=1e-10, atol=1e-12):
                 wrong = gelu(x @ w1 + b1) @ w2 + p * b2
-                hint = ("the second bias was added on every rank" if got.shape == want.shape
-                        and np.allclose(got, wrong) else
+                hint = ("the second bias was added on every rank" if np.allclose(got, wrong) else
                         "column-parallel first layer, GELU on the local block (elementwise, so no communication), "
                         "row-parallel second layer, then the all-reduce")
                 fail(f"megatron_mlp on {p} ranks: rank {r}", want[0, :3], got.reshape(-1)[:3], hint)
@@ -217,9 +213,12 @@ def check_tp_layer_bytes(layer_bytes) -> None:
              ((2, 1024, 1024, 4, 4), "dtype_bytes is the size of one value")]
 
     def diagnose(args, expected, got):
-        if math.isclose(got, expected / 2):
-            return "that is the forward only: the backward all-reduces as many activation gradients"
         b, s, h, t, d = args
+        forward = "the forward only: the backward all-reduces as many activation gradients"
+        if math.isclose(got, expected / d):
+            return f"multiply by dtype_bytes: values are {d} bytes each" + (f" (or is it {forward}?)" if d == 2 else "")
+        if math.isclose(got, expected / 2):
+            return f"that is {forward}"
         if math.isclose(got, 4 * b * s * h * d) or math.isclose(got, 8 * b * s * h * d):
             return "a ring all-reduce sends 2 (t-1)/t n bytes per GPU, not n or 2n"
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Callable
 
 from minidist.labs.check import CheckFailed, attempt, check_cases, fail, passed
@@ -85,19 +86,19 @@ def check_min_gpus(fn: Callable[[float, int, float], int | None]) -> None:
         except ZeroDivisionError as e:
             raise CheckFailed(f"min_gpus({psi:g}, {stage}, {hbm:g}) raised ZeroDivisionError: {e}\n  hint: when "
                               "the replicated part alone fills the GPU, no p helps: return None") from None
-        if got == want and (got is None or isinstance(got, int) or float(got).is_integer()):
+        if got == want and (got is None or isinstance(got, numbers.Integral) or float(got).is_integer()):
             continue
         fixed = {0: 16, 1: 4, 2: 2, 3: 0}[stage] * psi
         hint = "solve fixed + sharded / p <= hbm for the smallest whole p"
         if want is None:
             hint = (f"the replicated part alone is {fixed / 1e9:g} GB, already more than {hbm / 1e9:g} GB: no number "
                     "of GPUs helps, return None")
+        elif want == 1 and got != 1:
+            hint = "when one GPU is enough, the answer is 1"
         elif isinstance(got, (int, float)) and want is not None and got == want - 1:
             hint = "round up, not down: with one GPU fewer the state does not fit"
         elif isinstance(got, float) and not float(got).is_integer():
             hint = "a number of GPUs is a whole number: round up"
-        elif want == 1 and got != 1:
-            hint = "when one GPU is enough, the answer is 1"
         fail(f"min_gpus(psi={psi:g}, stage={stage}, hbm={hbm:g})", want, got, hint)
     passed("min_gpus finds the fewest GPUs for every stage (and None when sharding cannot help)")
 

@@ -85,10 +85,13 @@ def block_state(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     return SoftmaxState(m, p.sum(axis=-1), p @ v)
 
 
-def finalize(state: SoftmaxState) -> tuple[np.ndarray, np.ndarray]:
-    """``(out, lse)``: the normalised output o / s and the log-sum-exp m + log s (kept for the backward)."""
+def finalize(state: SoftmaxState | tuple) -> tuple[np.ndarray, np.ndarray]:
+    """``(out, lse)``: the normalised output o / s and the log-sum-exp m + log s (kept for the backward).
+
+    Any ``(m, s, o)`` triple will do, a plain tuple included (what a merge written by hand returns)."""
+    m, s, o = state
     with np.errstate(divide="ignore"):
-        return state.o / state.s[..., None], state.m + np.log(state.s)
+        return o / s[..., None], m + np.log(s)
 
 
 def block_grads(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, lse: np.ndarray, delta: np.ndarray,
