@@ -120,19 +120,6 @@ def test_sandbox_mfu_typed_in_rounded():
         md.labs.check_sandbox_mfu([want], **args)
 
 
-def test_power_law_fit_on_a_coarse_grid_is_told_to_refine_it():
-    def coarse(N, L):
-        best = None
-        for l_inf in np.linspace(0.0, L.min() - 1e-3, 20):
-            slope, intercept = np.polyfit(np.log(N), np.log(L - l_inf), 1)
-            err = np.sum((np.exp(intercept) / N**-slope + l_inf - L) ** 2)
-            if best is None or err < best[0]:
-                best = (err, np.exp(intercept), -slope, l_inf)
-        return best[1:]
-
-    _says(md.labs.check_power_law_fit, coarse, match="scan a finer grid of L_inf")
-
-
 def test_run_estimate_returning_one_number_is_told_the_tuple():
     _says(md.labs.check_run_estimate, lambda *a: 1.0,
           match=r"return the tuple \(step seconds, tokens per second, days, dollars\)")

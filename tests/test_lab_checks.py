@@ -107,24 +107,30 @@ def test_run_estimate_check_names_the_slip():
 
 # --- lab 04: scaling laws ------------------------------------------------------------------------
 
-def test_power_law_fit_check():
+def _grid_fit(N, L, points: int):
+    """The lab's fit: a least-squares line in log-log space for each L_inf of a grid, the best one kept."""
     import numpy as np
 
-    def good(N, L):
-        best = None
-        for l_inf in np.linspace(0.0, L.min() - 1e-4, 2000):
-            slope, icpt = np.polyfit(np.log(N), np.log(L - l_inf), 1)
-            err = np.sum((np.exp(icpt) / N**-slope + l_inf - L) ** 2)
-            if best is None or err < best[0]:
-                best = (err, np.exp(icpt), -slope, l_inf)
-        return best[1:]
+    best = None
+    for l_inf in np.linspace(0.0, L.min() - 1e-4, points):
+        slope, icpt = np.polyfit(np.log(N), np.log(L - l_inf), 1)
+        err = np.sum((np.exp(icpt) / N**-slope + l_inf - L) ** 2)
+        if best is None or err < best[0]:
+            best = (err, np.exp(icpt), -slope, l_inf)
+    return best[1:]
+
+
+def test_power_law_fit_check():
+    import numpy as np
 
     def no_floor(N, L):
         slope, icpt = np.polyfit(np.log(N), np.log(L), 1)
         return np.exp(icpt), -slope, 0.0
 
-    md.labs.check_power_law_fit(good)
+    md.labs.check_power_law_fit(lambda N, L: _grid_fit(N, L, 2000))
     _rejects(md.labs.check_power_law_fit, no_floor, match="L - L_inf")
+    # a grid of 20 points comes close but not within the check's tolerance: told to refine it
+    _rejects(md.labs.check_power_law_fit, lambda N, L: _grid_fit(N, L, 20), match="scan a finer grid of L_inf")
 
 
 def test_compute_optimal_check():
