@@ -18,7 +18,7 @@ from minidist.nn import GPT, GPTConfig  # noqa: E402,F401
 # isort: split
 
 # --- runtime, collectives, hardware ---
-from minidist import dist  # noqa: E402,F401
+from minidist import dist, hardware  # noqa: E402,F401
 from minidist.hardware.cluster import Cluster  # noqa: E402,F401
 from minidist.hardware.memory import OutOfMemoryError  # noqa: E402,F401
 from minidist.runtime import RankError, ReduceOp, launch  # noqa: E402,F401
@@ -26,20 +26,26 @@ from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F40
 
 # isort: split
 
-# --- resilience (checkpoint files, failures) ---
-from minidist import resilience  # noqa: E402,F401
+# --- resilience, parallel, estimate, profiling, viz, labs: imported on first use (md.parallel, ...) ---
+# A rank started by spawn (macOS's and Windows' default) imports this package before it runs anything; these
+# layers are a third of that import, and most rank functions never touch them.
+_LAZY = ("resilience", "parallel", "estimate", "profiling", "viz", "labs")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"minidist.{name}")  # binds it here too: later lookups skip this
+    raise AttributeError(f"module 'minidist' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 # isort: split
+import sys as _sys  # noqa: E402
 
-# --- parallel ---
-from minidist import parallel  # noqa: E402,F401
-
-# isort: split
-
-# --- estimate ---
-from minidist import estimate, profiling  # noqa: E402,F401
-
-# isort: split
-
-# --- viz, labs ---
-from minidist import hardware, labs, viz  # noqa: E402,F401
+if "IPython" in _sys.modules:  # a notebook or an IPython shell: the labs' error messages hold from the first cell
+    from minidist import labs  # noqa: E402,F401

@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.collectives import choose
-from minidist.estimate.comm import SUPPORTED, collective_time
 from minidist.runtime.ops import ReduceOp
 
 _OPS: dict = {}
@@ -55,6 +54,9 @@ def _comm(c):
 
 def _charge(c, coll: str, nbytes: int, total: int) -> None:
     """Move the cursor by the closed form of the algorithm minidist would have run."""
+    # imported here: the estimator is a large package, and only algorithm="native" needs its closed forms
+    from minidist.estimate.comm import SUPPORTED, collective_time
+
     if c.size > 1:
         alg = choose(coll, nbytes, c)
         alg = alg if alg in SUPPORTED.get(coll, ()) else "ring"
