@@ -393,3 +393,47 @@ def test_all_gather_of_uneven_sizes_keeps_this_ranks_own_place_checked():
         return True
 
     assert all(launch(f, 2).values)
+
+
+def test_futures_run_callbacks_once_when_complete_and_list_outputs_flat_as_torch():
+    def f():
+        r = dist.get_rank()
+        ran = []
+        t = np.ones(2) * (r + 1)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        fut.then(lambda f: ran.append("hook"))  # never waited on: torch runs it all the same
+        boom = fut.then(lambda f: ran.append("boom") or 1 / 0)
+        after = boom.then(lambda f: ran.append("after") or "runs anyway")  # torch runs it, the parent failed or not
+        errors = []
+        for chained in (boom, boom):
+            try:
+                chained.wait()
+            except RuntimeError as e:
+                errors.append(str(e))
+        errors.append(after.wait())
+        outs = [np.zeros(1), np.zeros(1)]
+        flat = dist.all_gather(outs, np.full(1, float(r)), async_op=True).get_future().wait()
+        first, second = fut.wait(), fut.wait()
+        return (ran, errors, [a is b for a, b in zip(flat, outs)], first[0] is t, first is not second)
+
+    res = launch(f, 2)
+    for ran, errors, same, is_t, fresh in res:
+        assert ran == ["hook", "boom", "after"]  # each callback once, as soon as its future was complete
+        assert errors == ["Got the following error when running the callback: ZeroDivisionError: division by "
+                          "zero"] * 2 + ["runs anyway"]
+        assert same == [True, True] and is_t and fresh  # [t0, t1], not [[t0, t1]]: torch's flat list
+
+
+def test_gather_object_refuses_a_list_on_other_ranks_as_gather_does():
+    def f():
+        r = dist.get_rank()
+        refused = None
+        if r == 1:  # refused before anything is sent, so the right call after it still meets rank 0's
+            refused = _outcomes(lambda: dist.gather_object(r, [None, None], dst=0))[0]
+        got = [None, None] if r == 0 else None
+        dist.gather_object(("from", r), got, dst=0)
+        return refused, got
+
+    res = launch(f, 2)
+    assert res[0] == (None, [("from", 0), ("from", 1)])
+    assert "gather_object: object_gather_list is given on rank 1, but only the destination (dst=0)" in res[1][0]

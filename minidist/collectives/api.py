@@ -356,7 +356,7 @@ def gather(tensor, gather_list=None, dst: int = 0, group=None, async_op: bool = 
                          f"may pass one, as in torch.distributed (pass None elsewhere)")
     return _run("gather", "gather", group, algorithm, arr.nbytes,
                 f"{_describe(arr.shape, arr.dtype)}, dst={dst}", async_op,
-                (inp, chunks, root), lambda: [b() for b in backs], () if gather_list is None else (gather_list,))
+                (inp, chunks, root), lambda: [b() for b in backs], () if gather_list is None else tuple(gather_list))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorithm: str | None = None):
@@ -382,7 +382,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False, algorith
             backs.append(b)
     inp = _contiguous(arr)
     return _run("all_gather", "all_gather", group, algorithm, arr.nbytes, (_describe, arr.shape, arr.dtype), async_op,
-                (outs, inp), lambda: [b() for b in backs], (tensor_list,))
+                (outs, inp), lambda: [b() for b in backs], tuple(tensor_list))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bool = False,
@@ -521,7 +521,7 @@ def _all_to_all_lists(name: str, output_tensor_list, input_tensor_list, group, a
             a[...] = piece.reshape(a.shape)
 
     return _run("all_to_all", name, group, algorithm, dtype.itemsize, (_rows, (), dtype), async_op,
-                (out_pieces, pieces(src, [a.size for a in ins])), after, (output_tensor_list,))
+                (out_pieces, pieces(src, [a.size for a in ins])), after, tuple(output_tensor_list))
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op: bool = False,

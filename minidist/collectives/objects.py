@@ -92,6 +92,9 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, gro
     root = current().rank == dst
     if root and (not isinstance(object_gather_list, list) or len(object_gather_list) != p):
         raise ValueError(f"gather_object: object_gather_list must be a list of {p} on dst={dst}")
+    if not root and object_gather_list is not None:  # torch refuses it too, as gather does
+        raise ValueError(f"gather_object: object_gather_list is given on rank {current().rank}, but only the "
+                         f"destination (dst={dst}) may pass one, as in torch.distributed (pass None elsewhere)")
     sizes, padded = _gathered(obj, group, p)
     got = [np.zeros(padded.size, np.uint8) for _ in range(p)] if root else None
     gather(padded, got, dst, group=group)

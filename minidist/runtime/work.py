@@ -62,41 +62,59 @@ class Work:
 
 
 class Future:
-    """The completion of a Work as a value: ``wait()`` waits for it and returns the list of tensors it wrote;
-    ``then(fn)`` gives a Future of ``fn(this future)``, computed once this one is done (torch.futures.Future's
-    calls that communication hooks use)."""
+    """The completion of a Work as a value, with the calls of torch.futures.Future that communication hooks use.
+
+    ``wait()`` waits for the operation and returns the list of tensors it wrote (a list output's tensors one by
+    one, as torch lists them); ``then(fn)`` gives a Future of ``fn(this future)``. A callback runs once, as soon
+    as its future is complete: at once for a collective (here finished when it returns), at the first ``wait()``
+    for a point-to-point operation still in flight. A callback that raises makes its future (and those chained
+    after it) raise a RuntimeError naming the error, as torch's does."""
 
     def __init__(self, work: Work, parent: Future | None = None, callback=None) -> None:
         self._work, self._parent, self._callback = work, parent, callback
-        self._has_value, self._value = False, None
+        self._settled, self._value, self._error = False, None, None
+
+    def _settle(self) -> None:
+        if self._settled:
+            return
+        if self._parent is None:
+            self._work.wait()
+            self._value = self._work._result
+        else:
+            self._parent._settle()
+            try:
+                self._value = self._callback(self._parent)
+            except Exception as e:  # torch wraps it so, once, and every later wait raises the same
+                self._error = RuntimeError(f"Got the following error when running the callback: "
+                                           f"{type(e).__name__}: {e}")
+                self._error.__cause__ = e
+        self._settled = True
 
     def done(self) -> bool:
-        """True once the operation has completed (callbacks run at ``wait()`` or ``value()``)."""
+        """True once the operation has completed."""
         return self._work.is_completed()
 
     def wait(self):
-        """Wait for the operation (and this future's callbacks); return the value."""
-        if not self._has_value:
-            self._work.wait()
-            self._value = self._work._result if self._parent is None else self._callback(self._parent._ready())
-            self._has_value = True
-        return self._value
-
-    def _ready(self) -> Future:
-        self.wait()
-        return self
+        """Wait for the operation (and this future's callback); return the value."""
+        self._settle()
+        if self._error is not None:
+            raise self._error
+        return list(self._value) if self._parent is None else self._value
 
     def value(self):
-        """The value of a completed future (waits if the operation is done but its callbacks have not run)."""
-        if not self._has_value and not self.done():
+        """The value of a completed future (torch: only after ``wait()`` or inside a callback)."""
+        if not self._settled and not self.done():
             raise RuntimeError(f"Future.value(): {self._work.name} has not completed; call wait() first")
         return self.wait()
 
     def then(self, callback) -> Future:
-        """A Future of ``callback(self)``, run once this future has its value."""
+        """A Future of ``callback(self)``, run as soon as this future is complete."""
         if not callable(callback):
             raise TypeError(f"Future.then: callback must be callable, got {callback!r:.60}")
-        return Future(self._work, self, callback)
+        child = Future(self._work, self, callback)
+        if self._settled or self.done():  # complete already: the callback runs now, as torch runs it
+            child._settle()
+        return child
 
     def __repr__(self) -> str:
         return f"Future({self._work.name}, done={self.done()})"
