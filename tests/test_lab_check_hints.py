@@ -149,7 +149,7 @@ def test_rank_failures_name_a_deadlock_an_assigned_collective_and_the_learners_l
     with pytest.raises(CheckFailed, match="never finished") as info:
         run_ranks("shift", _both_send_first, 2, timeout=10)
     assert DEADLOCK_HINT in str(info.value)  # a DeadlockError, long before the timeout
-    with pytest.raises(CheckFailed, match="collectives work in place and return None") as info:
+    with pytest.raises(CheckFailed, match="they work in place and return None") as info:
         run_ranks("shift", _assigns_the_all_reduce, 1)
     text = str(info.value)
     assert "shift on 1 rank: rank 0 raised TypeError" in text

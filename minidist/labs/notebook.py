@@ -43,6 +43,19 @@ def learner_frames(exc: BaseException | None) -> list[str]:
     return traceback.format_list(frames)
 
 
+def learner_lines(traceback_text: str) -> str:
+    """The frames of a formatted traceback (a rank's, which arrives as text) that are not minidist's own."""
+    lines, keep = [], False
+    for line in traceback_text.splitlines():
+        if line.startswith("  File "):
+            keep = not line.startswith(f'  File "{_PACKAGE}')
+        elif not line.startswith("    "):
+            keep = False  # the header, or the exception line at the end
+        if keep:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def render_check_failure(exc: BaseException) -> list[str]:
     """The lines a notebook shows for a failing check: its message and the learner's own frames."""
     name = type(exc).__name__

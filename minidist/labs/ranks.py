@@ -9,14 +9,12 @@ calling different collectives), and wrong results are listed rank by rank with t
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 
 from minidist.labs.check import CheckFailed
+from minidist.labs.notebook import learner_lines
 from minidist.runtime import RankError, launch
-
-_PACKAGE = str(Path(__file__).resolve().parents[1])  # minidist/: frames below it are the library's
 
 DEADLOCK_HINT = ("every rank is blocked waiting for another one (a deadlock). A blocking send returns only once "
                  "the peer has received, so if all ranks send first nobody is receiving: post the receive with "
@@ -45,26 +43,14 @@ def run_ranks(name: str, body: Callable, world_size: int, args: tuple = (), clus
                               "  hint: every rank must call the same collectives in the same order, with buffers "
                               "of the same shape and dtype") from None
         if first[0] == "TypeError" and "NoneType" in str(first[1]):
-            hint = ("md.dist's collectives work in place and return None (a Work with async_op=True): call "
-                    "md.dist.all_reduce(x) and go on using x, do not assign its result")
+            hint = ("if that None came from an md.dist collective: they work in place and return None (a Work with "
+                    "async_op=True), so call md.dist.all_reduce(x) and go on using x, do not assign its result")
         msg = f"{on}: rank {e.rank} raised {first[0]}: {first[1]}" + (f"\n  hint: {hint}" if hint else "")
         frames = learner_lines(first[2] if len(first) > 2 else "")
         if frames:
             msg += f"\n\nwhere your code raised it, on rank {e.rank}:\n{frames}"
         raise CheckFailed(msg) from None
 
-
-def learner_lines(traceback_text: str) -> str:
-    """The frames of a rank's formatted traceback that are the learner's (not minidist's), as text."""
-    lines, keep = [], False
-    for line in traceback_text.splitlines():
-        if line.startswith("  File "):
-            keep = not line.startswith(f'  File "{_PACKAGE}')
-        elif not line.startswith("    "):
-            keep = False  # the header, or the exception line at the end
-        if keep:
-            lines.append(line)
-    return "\n".join(lines)
 
 
 def _show(a: np.ndarray, limit: int = 12) -> str:
