@@ -5,6 +5,7 @@ appending a pair, and ``main`` builds an argparse subparser for each. Today:
 
 - ``plan``: best layouts of a named model on a named cluster (md.estimate.plan), as a table.
 - ``models``: the named model and cluster configurations with their sources.
+- ``calibration``: the performance model against published runs, those it was fitted on and those it was not.
 """
 
 from __future__ import annotations
@@ -76,9 +77,32 @@ def _models_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_args(p: argparse.ArgumentParser) -> None:
+    del p
+
+
+def _calibration_run(args: argparse.Namespace) -> int:
+    """the performance model against published runs (fitted on, then held out)"""
+    from minidist import estimate as E
+    from minidist.estimate import calibration
+
+    eff = E.CALIBRATED
+    print(f"Fitted on Megatron 2021 Table 1 (A100, fp16, full recomputation): gemm = {eff.gemm}, "
+          f"overhead_bytes = {eff.overhead_bytes:g}")
+    print(f"  {'run':34} {'published':>10} {'predicted':>10} {'error':>7}")
+    for model, row in calibration.megatron_rows():
+        pred = calibration.predict_megatron_tflops(model, row)
+        print(f"  {row['id']:34} {row['published']:>10.0f} {pred:>10.1f} {pred / row['published'] - 1:>+7.1%}"
+              f"   TFLOP/s per GPU")
+    print("Held out (not fitted): each run's published layout, or the planner's where none is published")
+    print(calibration.held_out_table(calibration.held_out()))
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "plan": (_plan_args, _plan_run),
     "models": (_models_args, _models_run),
+    "calibration": (_calibration_args, _calibration_run),
 }
 
 
