@@ -226,3 +226,12 @@ def test_a_root_stands_for_its_receivers_exactly_when_they_all_finish_with_it(p)
             else:
                 with pytest.raises(md.runtime.RankError, match="would finish this call at other moments"):
                     md.launch(call, p, args=(coll, alg), backend="inprocess", quiet=True, represent=lambda r: 0)
+
+
+def test_a_shape_only_result_says_it_has_no_loss_values():
+    run = md.parallel.train(TOY, ParallelConfig(dp=2), steps=2, global_batch=4, shape_only=True,
+                            backend="inprocess")
+    text = repr(run)
+    assert "no loss values (shape only)" in text and "nan" not in text and "ms/step simulated" in text
+    data = md.parallel.train(TOY, ParallelConfig(dp=2), steps=2, global_batch=4, backend="inprocess")
+    assert f"loss {data.losses[0]:.4f} -> {data.losses[-1]:.4f}" in repr(data)

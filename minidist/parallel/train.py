@@ -71,8 +71,14 @@ class TrainResult:
     skipped_steps: int = 0  # steps skipped because a gradient overflowed
 
     def __repr__(self) -> str:
-        return (f"TrainResult({len(self.losses)} steps, loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}, "
-                f"{np.mean(self.time) * 1e3:.4g} ms/step simulated)")
+        if self.losses and all(np.isnan(x) for x in self.losses):  # a shape-only run computes no values
+            loss = "no loss values (shape only)"
+        elif self.losses:
+            loss = f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"
+        else:
+            loss = "no steps"
+        sim = f", {np.mean(self.time) * 1e3:.4g} ms/step simulated" if self.time else ""
+        return f"TrainResult({len(self.losses)} steps, {loss}{sim})"
 
 
 def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
