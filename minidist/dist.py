@@ -15,6 +15,7 @@ the roofline by hand), ``memory()`` (this rank's ledger) and ``cluster()``.
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import numpy as np
@@ -32,7 +33,7 @@ __all__ = [
     "now", "compute", "memory", "cluster",
     "broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather", "all_gather_into_tensor",
     "reduce_scatter_tensor", "all_to_all_single", "barrier", "init_device_mesh", "DeviceMesh", "progress",
-    "init", "destroy_process_group",
+    "init", "destroy_process_group", "get_backend", "monitored_barrier", "send_object_list", "recv_object_list",
 ]
 
 
@@ -294,6 +295,69 @@ def batch_isend_irecv(p2p_op_list: list) -> list[Work]:
         raise TypeError("batch_isend_irecv: p2p_op_list must be a list of md.dist.P2POp")
     works = [o.op(o.tensor, o.peer, o.group, o.tag, o.group_peer) for o in p2p_op_list]
     return [w for w in works if w is not None]
+
+
+def send_object_list(object_list: list, dst: int | None = None, group: ProcessGroup | None = None, device=None,
+                     group_dst: int | None = None) -> None:
+    """Send the picklable objects of ``object_list`` to ``dst``, as torch does: their pickled sizes (int64), then
+    their bytes. The receiver passes a list of the same length to ``recv_object_list``. ``device`` is accepted
+    for torch's signature and ignored (there are no devices to stage on)."""
+    del device
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError(f"send_object_list: object_list must be a non-empty list, got {object_list!r:.60}")
+    blobs = [pickle.dumps(o) for o in object_list]
+    send(np.array([len(b) for b in blobs], np.int64), dst, group, group_dst=group_dst)
+    send(np.frombuffer(b"".join(blobs), np.uint8), dst, group, group_dst=group_dst)
+
+
+def recv_object_list(object_list: list, src: int | None = None, group: ProcessGroup | None = None, device=None,
+                     group_src: int | None = None) -> int:
+    """Fill ``object_list`` in place with the objects ``src`` sent by ``send_object_list`` (a list of the same
+    length); returns the sender's global rank, as torch does. Unpickling runs what the pickle says: use it
+    between your own ranks only."""
+    del device
+    if not isinstance(object_list, list) or not object_list:
+        raise ValueError(f"recv_object_list: object_list must be a non-empty list (as long as the sender's), got "
+                         f"{object_list!r:.60}")
+    sizes = np.zeros(len(object_list), np.int64)
+    sender = recv(sizes, src, group, group_src=group_src)
+    if sender < 0:
+        return sender
+    data = np.empty(int(sizes.sum()), np.uint8)
+    recv(data, sender)
+    at = 0
+    for i, n in enumerate(sizes):
+        object_list[i] = pickle.loads(data[at:at + n].tobytes())
+        at += n
+    return sender
+
+
+def get_backend(group: ProcessGroup | None = None) -> str:
+    """The backend this rank runs on: "sim" (processes over shared memory), "inprocess" or "mpi"."""
+    ctx = current("md.dist.get_backend")
+    _group(group, "get_backend")
+    return ctx.transport.backend
+
+
+def monitored_barrier(group: ProcessGroup | None = None, timeout=None, wait_all_ranks: bool = False) -> None:
+    """torch's debugging barrier: return once every rank of ``group`` has arrived, or raise ``CommTimeoutError``
+    after ``timeout`` (seconds or a ``datetime.timedelta``; default: the launch's) naming what this rank still
+    waits for. The launch's report then says what every other rank is doing, so ``wait_all_ranks`` (torch's
+    switch between the first missing rank and all of them) changes nothing here."""
+    del wait_all_ranks
+    ctx = current("md.dist.monitored_barrier")
+    if timeout is not None:
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
+            raise ValueError(f"monitored_barrier: timeout must be a positive number of seconds or a timedelta, "
+                             f"got {timeout!r}")
+        before, ctx.transport.timeout = ctx.transport.timeout, float(seconds)
+        try:
+            barrier(group)
+        finally:
+            ctx.transport.timeout = before
+    else:
+        barrier(group)
 
 
 # -- the simulated device ------------------------------------------------------------------

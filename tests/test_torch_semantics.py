@@ -437,3 +437,58 @@ def test_gather_object_refuses_a_list_on_other_ranks_as_gather_does():
     res = launch(f, 2)
     assert res[0] == (None, [("from", 0), ("from", 1)])
     assert "gather_object: object_gather_list is given on rank 1, but only the destination (dst=0)" in res[1][0]
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_send_and_recv_object_list_move_objects_point_to_point(backend):
+    def f():
+        r = dist.get_rank()
+        if r == 0:
+            dist.send_object_list([{"step": 3}, "x" * 1000, None], dst=2)
+            dist.send_object_list([r], group=dist.new_group([0, 1]), group_dst=1)
+            return None
+        got = [None] * (3 if r == 2 else 1)
+        sender = dist.recv_object_list(got, src=0)
+        return sender, got
+
+    res = launch(f, 3, backend=backend, timeout=30)
+    assert res[2] == (0, [{"step": 3}, "x" * 1000, None]) and res[1] == (0, [0])
+
+
+def test_object_lists_of_other_lengths_are_named():
+    def f():
+        if dist.get_rank() == 0:
+            dist.send_object_list([1, 2, 3], dst=1)
+        else:
+            dist.recv_object_list([None, None], src=0)
+
+    with pytest.raises(RankError, match=r"recv|shape|\(2,\)|\(3,\)"):
+        launch(f, 2, timeout=10)
+    with pytest.raises(RankError, match="object_list must be a non-empty list"):
+        launch(lambda: dist.send_object_list([], dst=1 - dist.get_rank()), 2, timeout=10)
+
+
+@pytest.mark.parametrize("backend", ["sim", "inprocess"])
+def test_get_backend_names_the_backend(backend):
+    assert list(launch(dist.get_backend, 2, backend=backend)) == [backend, backend]
+
+
+def test_monitored_barrier_passes_and_ends_a_missing_rank_within_its_timeout():
+    import datetime
+    import time
+
+    def f(late):
+        if dist.get_rank() == 1 and late:
+            time.sleep(20)  # arrives long after the others' timeout
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+        return "passed"
+
+    assert list(launch(f, 3, args=(False,), timeout=30)) == ["passed"] * 3
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as err:
+        launch(f, 3, args=(True,), timeout=30)
+    assert time.monotonic() - t0 < 6  # the barrier's 1 s, not the launch's 30 s nor rank 1's 20 s
+    text = str(err.value)
+    assert "CommTimeoutError" in text and "rank 1" in text
+    with pytest.raises(RankError, match="timeout must be a positive number of seconds"):
+        launch(lambda: dist.monitored_barrier(timeout=0), 2, timeout=10)

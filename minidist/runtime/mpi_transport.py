@@ -109,6 +109,8 @@ class _NoBoard:
 class MPITransport:
     """The message engine of one rank over an MPI communicator (same interface as ``transport.Transport``)."""
 
+    backend = "mpi"  # what md.dist.get_backend() answers
+
     rendezvous_bytes = 1 << 62  # no in-place reads across machines: algorithms take their small-message path
 
     def __init__(self, comm, clock, timeout: float) -> None:

@@ -295,6 +295,8 @@ def wire_signature(sig: bytes) -> bytes:
 class Transport:
     """The message engine of one rank: queues of pending sends/receives and the progress loop."""
 
+    backend = "sim"  # what md.dist.get_backend() answers
+
     def __init__(self, rank: int, mm, layout: shm.Layout, doorbells, board: shm.Board, clock, timeout: float):
         self.rank, self.world, self.layout = rank, layout.world, layout
         self.mm, self.mv = mm, memoryview(mm)
