@@ -544,8 +544,9 @@ def test_a_notebook_cell_function_runs_under_mpi(tmp_path):
 
 
 def test_torchs_other_calls_run_under_mpi_too():
-    """Bitwise ops (MPI's own under 'native'), object collectives, batched point-to-point and destroying the
-    group inside a launch: the same answers as the simulator's."""
+    """Bitwise ops (MPI's own under 'native'), object collectives, batched point-to-point, objects point to point,
+    the monitored barrier, get_backend and destroying the group inside a launch: the same answers as the
+    simulator's."""
     def f():
         r, p = dist.get_rank(), dist.get_world_size()
         x, y = np.full(3, r, np.int64), np.full(3, r, np.int64)
@@ -557,8 +558,16 @@ def test_torchs_other_calls_run_under_mpi_too():
         ops = [dist.P2POp(dist.isend, a, (r + 1) % p), dist.P2POp(dist.irecv, b, (r - 1) % p)]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
+        got = [None]
+        if r == 0:
+            dist.send_object_list([("hello", r)], dst=2)
+        elif r == 2:
+            dist.recv_object_list(got, src=0)
+        dist.monitored_barrier(timeout=5)
+        backend = dist.get_backend()
         dist.destroy_process_group()
-        return x.tolist(), y.tolist(), everyone, b.tolist(), dist.is_initialized()
+        return x.tolist(), y.tolist(), everyone, b.tolist(), got, backend, dist.is_initialized()
 
     for r, got in enumerate(launch(f, 3, backend="mpi")):
-        assert got == ([3] * 3, [3] * 3, [{"r": 0}, {"r": 1}, {"r": 2}], [float((r - 1) % 3)] * 2, False)
+        assert got == ([3] * 3, [3] * 3, [{"r": 0}, {"r": 1}, {"r": 2}], [float((r - 1) % 3)] * 2,
+                       [("hello", 0) if r == 2 else None], "mpi", False)
