@@ -129,6 +129,10 @@ class Cluster:
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    def ranks_on_node(self, rank: int, world: int) -> int:
+        """How many of ``world`` ranks share ``rank``'s node (the last node may be partly filled)."""
+        return min(self.gpus_per_node, world - self.node_of(rank) * self.gpus_per_node)
+
     def same_node(self, a: int, b: int) -> bool:
         return a // self.gpus_per_node == b // self.gpus_per_node
 

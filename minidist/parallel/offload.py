@@ -29,8 +29,7 @@ class HostTier:
     """This rank's share of its node's host memory (a ledger) and its PCIe link, both directions."""
 
     def __init__(self, clock, cluster, rank: int, world: int) -> None:
-        node = rank // cluster.gpus_per_node
-        on_node = min(cluster.gpus_per_node, world - node * cluster.gpus_per_node)
+        on_node = cluster.ranks_on_node(rank, world)  # they share the node's host memory
         self.ledger = MemoryLedger(cluster.host_bytes / on_node, rank)
         self.clock, self.link = clock, cluster.host_link
         self.free = {"d2h": 0.0, "h2d": 0.0, "cpu": 0.0}
