@@ -87,9 +87,48 @@ def test_the_smallest_channels_compute_and_time_what_the_default_ones_do(monkeyp
 
 def test_a_world_too_large_for_the_machine_is_refused_before_any_rank_starts(monkeypatch, no_leaks):  # noqa: F811
     monkeypatch.setattr(shm, "SEGMENT_BUDGET", 100 * 1024)
-    with pytest.raises(ValueError, match=r"8 ranks as processes need .* GB of shared memory.*backend='inprocess'"):
+    with pytest.raises(ValueError, match=r"8 ranks as processes need [\d.,]+ [KMG]B of shared memory.*'inprocess'"):
         launch(dist.get_rank, 8)
     assert list(launch(dist.get_rank, 8, backend="inprocess")) == list(range(8))
+
+
+def test_a_named_segment_stays_within_the_room_dev_shm_has(monkeypatch):
+    """Under spawn the segment lives in /dev/shm, which a container keeps at 64 MB: a page past that room kills the
+    rank touching it (SIGBUS), so the channels shrink to fit; under fork the mapping is anonymous and need not."""
+    from minidist.runtime.launch import _layout
+
+    monkeypatch.setattr(shm, "named_segment_room", lambda: 64 << 20)
+    assert _layout(8, named=True).size <= 0.9 * (64 << 20) < shm.default_layout(8).size == _layout(8, named=False).size
+    monkeypatch.setattr(shm, "named_segment_room", lambda: 512 << 10)
+    with pytest.raises(ValueError, match=r"need 836 KB .* the limit here is /dev/shm, with 512 KB free .*--shm-size"):
+        _layout(8, named=True)
+    monkeypatch.setattr(shm, "named_segment_room", lambda: None)  # macOS: no /dev/shm to read
+    assert _layout(8, named=True).size == shm.default_layout(8).size
+
+
+NO_SPARE_SHM = "unshare -m true"  # a private mount namespace, where a small /dev/shm harms nobody
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or subprocess.run(NO_SPARE_SHM.split(), capture_output=True).returncode != 0,
+                    reason="needs root and unshare to mount a small /dev/shm in a private namespace")
+def test_spawned_ranks_run_on_a_containers_64_mb_dev_shm(tmp_path):
+    """Every pair's slots filled at once (an all-to-all of 16 MB per rank with cross-memory attach off) used to
+    touch 224 MB of a 64 MB /dev/shm and die of SIGBUS."""
+    script = tmp_path / "small_shm.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, minidist as md
+        def f():
+            x = np.full(1 << 22, float(md.dist.get_rank()), np.float32)
+            y = np.empty_like(x)
+            md.dist.all_to_all_single(y, x)
+            return float(y[:: 1 << 19].sum())
+        print(list(md.launch(f, 8, start_method="spawn", timeout=60)))
+    """))
+    cmd = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {sys.executable} {script}"
+    out = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MINIDIST_CMA": "0", "OPENBLAS_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str([float(sum(range(8)))] * 8)
 
 
 def test_shared_memory_the_system_will_not_reserve_is_named(monkeypatch, no_leaks):  # noqa: F811

@@ -110,6 +110,20 @@ class _Segment:
             self.name = None
 
 
+def _layout(world: int, named: bool) -> shm.Layout:
+    """The channels' layout, within the room a named segment has (spawn): touching a page past it would kill."""
+    budget = shm.segment_budget()
+    room = shm.named_segment_room() if named else None
+    if room is not None and room * 9 // 10 < budget:
+        try:
+            return shm.default_layout(world, room * 9 // 10)
+        except ValueError as e:
+            raise ValueError(f"{e}; the limit here is /dev/shm, with {shm.size_text(room)} free (a container's "
+                             f"default is 64 MB; `docker run --shm-size=1g` raises it); start_method='fork' does not "
+                             f"use /dev/shm") from None
+    return shm.default_layout(world, budget)
+
+
 # a rank's doorbell, report pipe and exit sentinel take 5 files in the launcher, and a forked rank inherits them all
 FILES_PER_RANK = 6
 
@@ -555,7 +569,7 @@ def launch(
             raise TypeError(f"launch: fn and its arguments must be picklable to start ranks with "
                             f"start_method={start_method!r}: {type(e).__name__}: {e}") from e
     cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
-    layout = shm.default_layout(world_size)
+    layout = _layout(world_size, named=start_method != "fork")
     layout_args = (layout.slot_bytes, layout.nslots)
     _enough_files(world_size)
     with _Interrupts() as interrupts:

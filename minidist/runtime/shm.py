@@ -100,6 +100,26 @@ def segment_budget() -> int:
     return min(SEGMENT_BUDGET, ram // 4) if ram > 0 else SEGMENT_BUDGET
 
 
+def size_text(nbytes: float) -> str:
+    """Bytes for a person: '1.5 GB', '270 MB', '832 KB'."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.1f} {unit}" if nbytes < 10 * scale else f"{nbytes / scale:,.0f} {unit}"
+    return f"{nbytes / 1024:,.0f} KB"
+
+
+def named_segment_room() -> int | None:
+    """Bytes free where named segments live (/dev/shm on Linux), or None where that cannot be read.
+
+    The kernel lets a segment be sized past that room (its pages are only promised), then kills with SIGBUS
+    the first rank that touches a page beyond it: a container's /dev/shm is 64 MB unless raised."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except (AttributeError, OSError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def default_layout(world: int, budget: int | None = None) -> Layout:
     """Channel sizes: 8 slots of 512 KB per ordered pair of ranks, smaller when that would not fit ``budget``.
 
@@ -120,9 +140,9 @@ def default_layout(world: int, budget: int | None = None) -> Layout:
         lay = Layout(world, slot, nslots)
     if lay.size > budget:
         raise ValueError(
-            f"launch: {world} ranks as processes need {lay.size / 2**30:.1f} GB of shared memory for their "
+            f"launch: {world} ranks as processes need {size_text(lay.size)} of shared memory for their "
             f"channels even with {nslots} slots of {slot // 1024} KB per pair ({world * world:,} ordered pairs), "
-            f"more than the {budget / 2**30:.1f} GB this machine allows a launch; pass backend='inprocess' (ranks "
+            f"more than the {size_text(budget)} this machine allows a launch; pass backend='inprocess' (ranks "
             f"as threads of this process, the same results and clocks), with shape-only arrays for thousands")
     return lay
 
