@@ -141,6 +141,18 @@ def test_shared_memory_the_system_will_not_reserve_is_named(monkeypatch, no_leak
         launch(dist.get_rank, 4)
 
 
+
+def test_a_dev_shm_that_refuses_names_says_so_and_the_way_out(monkeypatch, no_leaks):  # noqa: F811
+    def refuse(size, fork):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(sys.modules["minidist.runtime.launch"], "_Segment", refuse)
+    with pytest.raises(OSError, match=r"ranks started by spawn open the channels by name in POSIX shared memory "
+                                      r"\(/dev/shm on Linux\), which refused it here \(Read-only file system\); "
+                                      r"start_method='fork'.*backend='inprocess'"):
+        launch(dist.get_rank, 2, start_method="spawn")
+
+
 _LIMITED = textwrap.dedent("""
     import os, resource, sys
     import minidist.dist as dist

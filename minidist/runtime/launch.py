@@ -577,6 +577,10 @@ def launch(
         try:
             seg = _Segment(layout.size, fork)
         except OSError as e:
+            if not fork and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOSYS):
+                raise OSError(e.errno, f"launch: ranks started by {start_method} open the channels by name in POSIX "
+                                       f"shared memory (/dev/shm on Linux), which refused it here ({e.strerror}); "
+                                       f"start_method='fork' (Linux) needs no name, or {AS_THREADS}") from e
             if e.errno not in (errno.ENOMEM, errno.ENOSPC, errno.EFBIG):
                 raise
             raise OSError(e.errno, f"launch: the system would not reserve {layout.size / 2**20:,.0f} MB of shared "
