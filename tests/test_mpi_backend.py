@@ -342,7 +342,8 @@ def test_a_wait_on_a_rank_that_has_finished_ends_at_once_naming_it(receiver_left
             dist.recv(np.zeros(4), 0, tag=4)  # rank 0 has left without sending
 
     t = time.monotonic()
-    want = (r"rank 0 waits in send\(dst=1, tag=3\) but rank 1 has finished and will never receive it" if receiver_left
+    want = (r"rank 0 waits in send\(dst=1, tag=3\) but rank 1 has finished and will never receive it: rank 1 returned "
+            r"from fn without a recv or irecv for it" if receiver_left
             else r"rank 1 waits in recv\(src=0, tag=4\) but rank 0 has finished and will never send it")
     with pytest.raises(RankError, match=rf"PeerExitedError: {want}"):
         launch(fn, 2, args=(receiver_left,), timeout=60, backend="mpi")

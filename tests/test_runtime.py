@@ -658,7 +658,8 @@ def test_isends_nobody_received_are_named_as_such(no_leaks):
 
 
 @pytest.mark.parametrize("backend, match", [
-    ("sim", r"rank 0 waits in send\(dst=1, tag=0\) but rank 1 has finished and will never receive it"),
+    ("sim", r"rank 0 waits in send\(dst=1, tag=0\) but rank 1 has finished and will never receive it: rank 1 "
+            r"returned from fn without a recv or irecv for it \(every send needs one on its peer\)"),
     ("inprocess", r"rank 1 returned from fn without receiving send\(dst=1, tag=0\) from rank 0: every send needs"),
 ])
 def test_a_send_its_peer_never_received_fails_the_launch_in_every_backend(backend, match):

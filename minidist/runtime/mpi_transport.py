@@ -31,7 +31,7 @@ import numpy as np
 
 from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, misfit
 from minidist.runtime.shm import HEADER, SIG_MAX
-from minidist.runtime.transport import oversubscribed, spin_seconds, wire_signature
+from minidist.runtime.transport import oversubscribed, spin_seconds, unreceived, wire_signature
 
 HDR_TAG, DATA_TAG, FIN_TAG = 0, 1, 2  # FIN: an empty message each rank sends every peer once it has finished
 HDR_BYTES = HEADER.size + SIG_MAX
@@ -332,7 +332,7 @@ class MPITransport:
             if seen is not None and now - seen >= GRACE:
                 way = "receive" if isinstance(op, _Send) else "send"
                 raise PeerExitedError(f"rank {self.rank} waits in {op.describe()} but rank {peer} has finished and "
-                                      f"will never {way} it")
+                                      f"will never {way} it" + (unreceived(peer, op.tag) if way == "receive" else ""))
 
     def announce_finished(self) -> None:
         """Tell every peer this rank has finished (empty messages, complete without their receivers)."""

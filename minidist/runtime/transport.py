@@ -99,6 +99,14 @@ def spin_seconds() -> float:
     return max(0.0, spin) * 1e-6
 
 
+def unreceived(peer: int, tag: int) -> str:
+    """For a point-to-point send whose peer returned: what the program is missing (the in-process backend, which
+    runs the peer's return first, says the same from the peer's side)."""
+    if tag < 0:  # a collective's message: the peer skipped the collective, which other reports name
+        return ""
+    return f": rank {peer} returned from fn without a recv or irecv for it (every send needs one on its peer)"
+
+
 _FENCE = threading.Lock()
 
 
@@ -856,7 +864,7 @@ class Transport:
                 raise PeerExitedError(
                     f"rank {self.rank} waits in {op.describe()} but rank {op.peer} has "
                     f"{shm.STATE_NAMES[st]} and will never {'receive' if isinstance(op, SendOp) else 'send'} it"
-                    + self._unclaimed(op)
+                    + self._unclaimed(op) + self._unreceived(op, st)
                 )
         if slow and self.coll is not None:  # stuck inside a collective: maybe because the ranks disagree
             ranks, key, seq, sig = self.coll
@@ -883,6 +891,10 @@ class Transport:
         fence()
         if self.board.q[0] and self.board.abort_is_mismatch():
             raise MismatchError(self.board.aborted())
+
+    @staticmethod
+    def _unreceived(op, state: int) -> str:
+        return unreceived(op.peer, op.tag) if isinstance(op, SendOp) and state == shm.FINISHED else ""
 
     def _unclaimed(self, op) -> str:
         """For a receive that will never complete: the tags of what its peer did send that nobody took."""
