@@ -22,6 +22,10 @@ def test_every_published_figure_is_the_reference_datas():
     korthikanti = REFERENCE["megatron_readme_mfu_hfu_a100"]["value"]  # "22B": [MFU %, HFU %], ...
     for size in ("22B", "175B", "530B", "1T"):
         assert CHECKS[f"korthikanti22_{size}"].published == pytest.approx(korthikanti[size][0] / 100)
+    meta = md.estimate.model("llama3_405b").published_layout
+    assert CHECKS["llama3_405b_meta_16k"].published == meta["tflops_per_gpu"]
+    shape = f"tp{meta['tp']} cp{meta['cp']} pp{meta['pp']} dp{meta['dp']}"
+    assert CHECKS["llama3_405b_meta_16k"].layout.startswith(shape)
     strong = REFERENCE["megatron_readme_h100_strong_scaling_gpt3"]
     assert CHECKS["megatron_readme_h100_gpt3_96"].published == strong["value"]["mfu_96_gpus"] / 100
     assert CHECKS["megatron_readme_h100_gpt3_4608"].published == strong["value"]["mfu_4608_gpus"] / 100

@@ -106,7 +106,7 @@ class PublishedCheck:
     """One published figure next to the model's prediction for the same run."""
 
     id: str
-    quantity: str  # "mfu" (a fraction) or "step_time" (seconds)
+    quantity: str  # "mfu" (a fraction), "step_time" (seconds) or "tflops" (TFLOP/s per GPU)
     published: float
     predicted: float
     layout: str
@@ -146,6 +146,8 @@ def _predict(run: dict, efficiency: Efficiency) -> tuple[float, Estimate]:
         est = estimate_layout(model, cl, Layout(**run["layout"]), gb, s, efficiency, dtype=run["dtype"])
     if run["quantity"] == "step_time":
         return est.step_time, est
+    if run["quantity"] == "tflops":
+        return est.tflops_per_gpu, est
     flops = megatron_flops(gb, s, model.layers, model.hidden, model.vocab, recompute=False)
     return flops / (est.step_time * est.layout.gpus * cl.gpu.peak(run["dtype"])), est
 
@@ -166,8 +168,8 @@ def held_out_table(checks: list[PublishedCheck]) -> str:
     """The held-out checks as an aligned table: run, published, predicted, error, unit, layout."""
     lines = [f"  {'run':40} {'published':>10} {'predicted':>10} {'error':>7}   layout"]
     for c in checks:
-        fmt = "{:.1%}" if c.quantity == "mfu" else "{:.2f}"
-        unit = "MFU" if c.quantity == "mfu" else "s/step"
+        fmt = {"mfu": "{:.1%}", "step_time": "{:.2f}", "tflops": "{:.0f}"}[c.quantity]
+        unit = {"mfu": "MFU", "step_time": "s/step", "tflops": "TFLOPs"}[c.quantity]
         lines.append(f"  {c.id:40} {fmt.format(c.published):>10} {fmt.format(c.predicted):>10} {c.error:>+7.1%}   "
                      f"{unit:6} {c.layout}")
     return "\n".join(lines)
