@@ -305,7 +305,7 @@ def send_object_list(object_list: list, dst: int | None = None, group: ProcessGr
     del device
     if not isinstance(object_list, list) or not object_list:
         raise ValueError(f"send_object_list: object_list must be a non-empty list, got {object_list!r:.60}")
-    blobs = [pickle.dumps(o) for o in object_list]
+    blobs = [pickled(o, "send_object_list", f"object_list[{i}]") for i, o in enumerate(object_list)]
     send(np.array([len(b) for b in blobs], np.int64), dst, group, group_dst=group_dst)
     send(np.frombuffer(b"".join(blobs), np.uint8), dst, group, group_dst=group_dst)
 
@@ -411,6 +411,7 @@ from minidist.collectives.objects import (  # noqa: E402
     all_gather_object,
     broadcast_object_list,
     gather_object,
+    pickled,
     scatter_object_list,
 )
 from minidist.runtime.mesh import DeviceMesh, init_device_mesh  # noqa: E402,F401

@@ -492,3 +492,19 @@ def test_monitored_barrier_passes_and_ends_a_missing_rank_within_its_timeout():
     assert "CommTimeoutError" in text and "rank 1" in text
     with pytest.raises(RankError, match="timeout must be a positive number of seconds"):
         launch(lambda: dist.monitored_barrier(timeout=0), 2, timeout=10)
+
+
+def test_an_object_that_cannot_be_pickled_is_named_with_its_call():
+    import threading
+
+    def f():
+        if dist.get_rank() == 0:
+            dist.send_object_list([1, threading.Lock()], dst=1)
+        else:
+            dist.recv_object_list([None, None], src=0)
+
+    with pytest.raises(RankError, match=r"send_object_list: object_list\[1\] cannot be pickled, so it cannot travel "
+                                        r"between ranks \(TypeError: cannot pickle '_thread.lock' object\)"):
+        launch(f, 2, timeout=10)
+    with pytest.raises(RankError, match=r"all_gather_object: obj cannot be pickled"):
+        launch(lambda: dist.all_gather_object([None, None], threading.Lock()), 2, timeout=10)

@@ -31,17 +31,27 @@ def _size(group, name: str) -> int | None:
     return None
 
 
-def _bytes(obj) -> np.ndarray:
-    return np.frombuffer(bytearray(pickle.dumps(obj)), np.uint8)  # writable: the collectives write in place
+def pickled(obj, name: str, what: str) -> bytes:
+    """``obj``'s pickle, or a TypeError naming the call and the object that cannot travel."""
+    try:
+        return pickle.dumps(obj)
+    except Exception as e:  # PicklingError, or whatever the object's __reduce__ raises
+        raise TypeError(f"{name}: {what} cannot be pickled, so it cannot travel between ranks "
+                        f"({type(e).__name__}: {e})") from e
+
+
+def _bytes(obj, name: str, what: str) -> np.ndarray:
+    # a writable copy: the collectives write in place
+    return np.frombuffer(bytearray(pickled(obj, name, what)), np.uint8)
 
 
 def _load(buf: np.ndarray, n: int):
     return pickle.loads(buf[:n].tobytes())
 
 
-def _gathered(obj, group, p: int) -> tuple[np.ndarray, np.ndarray]:
+def _gathered(obj, group, p: int, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's pickle length (a group of ``p``), and this rank's pickle padded to the longest."""
-    mine = _bytes(obj)
+    mine = _bytes(obj, name, "obj")
     sizes = np.zeros(p, np.int64)
     all_gather_into_tensor(sizes, np.array([mine.size], np.int64), group=group)
     padded = np.zeros(int(sizes.max()), np.uint8)
@@ -57,7 +67,7 @@ def broadcast_object_list(object_list: list, src: int = 0, group=None) -> None:
         raise TypeError(f"broadcast_object_list: object_list must be a list (filled in place), got "
                         f"{type(object_list).__name__}")
     me = current().rank
-    blob = _bytes(object_list) if me == src else np.zeros(0, np.uint8)
+    blob = _bytes(object_list, "broadcast_object_list", "object_list") if me == src else np.zeros(0, np.uint8)
     n = np.array([blob.size, len(object_list)], np.int64)
     broadcast(n, src, group=group)
     if me != src and n[1] != len(object_list):
@@ -77,7 +87,7 @@ def all_gather_object(object_list: list, obj, group=None) -> None:
     if not isinstance(object_list, list) or len(object_list) != p:
         got = f"a list of {len(object_list)}" if isinstance(object_list, list) else type(object_list).__name__
         raise ValueError(f"all_gather_object: object_list must be a list of {p} (one per rank of the group), got {got}")
-    sizes, padded = _gathered(obj, group, p)
+    sizes, padded = _gathered(obj, group, p, "all_gather_object")
     out = np.zeros(p * padded.size, np.uint8)
     all_gather_into_tensor(out, padded, group=group)
     for i, n in enumerate(sizes):
@@ -95,7 +105,7 @@ def gather_object(obj, object_gather_list: list | None = None, dst: int = 0, gro
     if not root and object_gather_list is not None:  # torch refuses it too, as gather does
         raise ValueError(f"gather_object: object_gather_list is given on rank {current().rank}, but only the "
                          f"destination (dst={dst}) may pass one, as in torch.distributed (pass None elsewhere)")
-    sizes, padded = _gathered(obj, group, p)
+    sizes, padded = _gathered(obj, group, p, "gather_object")
     got = [np.zeros(padded.size, np.uint8) for _ in range(p)] if root else None
     gather(padded, got, dst, group=group)
     if root:
@@ -115,7 +125,8 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     root = current().rank == src
     if root and (not isinstance(scatter_object_input_list, list) or len(scatter_object_input_list) != p):
         raise ValueError(f"scatter_object_list: scatter_object_input_list must be a list of {p} on src={src}")
-    blobs = [_bytes(o) for o in scatter_object_input_list] if root else []
+    blobs = ([_bytes(o, "scatter_object_list", f"scatter_object_input_list[{i}]")
+              for i, o in enumerate(scatter_object_input_list)] if root else [])
     longest = np.array([max((b.size for b in blobs), default=0)], np.int64)
     broadcast(longest, src, group=group)
     sizes = [np.array([b.size], np.int64) for b in blobs] if root else None
