@@ -343,7 +343,9 @@ def monitored_barrier(group: ProcessGroup | None = None, timeout=None, wait_all_
     """torch's debugging barrier: return once every rank of ``group`` has arrived, or raise ``CommTimeoutError``
     after ``timeout`` (seconds or a ``datetime.timedelta``; default: the launch's) naming what this rank still
     waits for. The launch's report then says what every other rank is doing, so ``wait_all_ranks`` (torch's
-    switch between the first missing rank and all of them) changes nothing here."""
+    switch between the first missing rank and all of them) changes nothing here. Under ``backend="inprocess"``
+    the ranks take turns, so a rank busy in its own code holds the others back before they reach the barrier,
+    and only a rank that never arrives (it returned, or waits elsewhere) ends it."""
     del wait_all_ranks
     ctx = current("md.dist.monitored_barrier")
     if timeout is not None:
