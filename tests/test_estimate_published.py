@@ -26,6 +26,10 @@ def test_every_published_figure_is_the_reference_datas():
     assert CHECKS["llama3_405b_meta_16k"].published == meta["tflops_per_gpu"]
     shape = f"tp{meta['tp']} cp{meta['cp']} pp{meta['pp']} dp{meta['dp']}"
     assert CHECKS["llama3_405b_meta_16k"].layout.startswith(shape)
+    deepseek = md.estimate.model("deepseek_v3")
+    assert CHECKS["deepseek_v3_pretraining"].published == deepseek.published_layout["pretrain_gpu_hours"]
+    assert CHECKS["deepseek_v3_pretraining"].layout.startswith("tp1 cp1 pp16 dp128 ep64")
+    assert calibration._HELD_OUT[-1]["tokens"] == deepseek.tokens
     strong = REFERENCE["megatron_readme_h100_strong_scaling_gpt3"]
     assert CHECKS["megatron_readme_h100_gpt3_96"].published == strong["value"]["mfu_96_gpus"] / 100
     assert CHECKS["megatron_readme_h100_gpt3_4608"].published == strong["value"]["mfu_4608_gpus"] / 100

@@ -106,7 +106,7 @@ class PublishedCheck:
     """One published figure next to the model's prediction for the same run."""
 
     id: str
-    quantity: str  # "mfu" (a fraction), "step_time" (seconds) or "tflops" (TFLOP/s per GPU)
+    quantity: str  # "mfu" (a fraction), "step_time" (seconds), "tflops" (TFLOP/s per GPU) or "gpu_hours"
     published: float
     predicted: float
     layout: str
@@ -148,6 +148,8 @@ def _predict(run: dict, efficiency: Efficiency) -> tuple[float, Estimate]:
         return est.step_time, est
     if run["quantity"] == "tflops":
         return est.tflops_per_gpu, est
+    if run["quantity"] == "gpu_hours":
+        return run["tokens"] / (gb * s) * est.step_time * est.layout.gpus / 3600, est
     flops = megatron_flops(gb, s, model.layers, model.hidden, model.vocab, recompute=False)
     return flops / (est.step_time * est.layout.gpus * cl.gpu.peak(run["dtype"])), est
 
@@ -168,8 +170,9 @@ def held_out_table(checks: list[PublishedCheck]) -> str:
     """The held-out checks as an aligned table: run, published, predicted, error, unit, layout."""
     lines = [f"  {'run':40} {'published':>10} {'predicted':>10} {'error':>7}   layout"]
     for c in checks:
-        fmt = {"mfu": "{:.1%}", "step_time": "{:.2f}", "tflops": "{:.0f}"}[c.quantity]
-        unit = {"mfu": "MFU", "step_time": "s/step", "tflops": "TFLOPs"}[c.quantity]
-        lines.append(f"  {c.id:40} {fmt.format(c.published):>10} {fmt.format(c.predicted):>10} {c.error:>+7.1%}   "
-                     f"{unit:6} {c.layout}")
+        fmt = {"mfu": "{:.1%}", "step_time": "{:.2f}", "tflops": "{:.0f}", "gpu_hours": "{:.3f}M"}[c.quantity]
+        unit = {"mfu": "MFU", "step_time": "s/step", "tflops": "TFLOPs", "gpu_hours": "GPU-h"}[c.quantity]
+        scale = 1e-6 if c.quantity == "gpu_hours" else 1
+        lines.append(f"  {c.id:40} {fmt.format(c.published * scale):>10} {fmt.format(c.predicted * scale):>10} "
+                     f"{c.error:>+7.1%}   {unit:6} {c.layout}")
     return "\n".join(lines)

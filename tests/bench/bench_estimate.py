@@ -1,4 +1,4 @@
-"""md.estimate: predicted vs published TFLOP/s per GPU (Megatron 2021 Table 1) and ten runs held out of that fit,
+"""md.estimate: predicted vs published TFLOP/s per GPU (Megatron 2021 Table 1) and eleven runs held out of that fit,
 and the planner's best
 layouts for LLaMA 3 405B on 16,384 H100s next to Meta's (TP 8, PP 16, DP 128, 41% MFU)."""
 
