@@ -17,8 +17,9 @@ activations (chapter 21); ``"selective"`` drops only the attention scores.
 ZeRO-Offload) or ``"optimizer+params"`` (the weights too, streamed to the device per layer).
 
 ``algorithm`` goes to every collective that offers it (``md.collectives.offered``) and the runtime
-chooses for the others, as NCCL_ALGO does: ``"tree"`` changes the gradient all-reduce, not the
-setup broadcast. An algorithm no collective offers is refused here.
+chooses for the others, as NCCL_ALGO does: ``"halving_doubling"`` changes the gradient all-reduce,
+not the setup broadcast (which has no such algorithm), while ``"ring"`` changes both. An algorithm no
+collective offers is refused here.
 
 Every layout ``train`` accepts reproduces one device (``tests/test_compose.py``: every combination of
 dp, tp, pp, cp, ep in {1, 2} with every data-parallel flavour and recomputation mode). What it refuses,
@@ -70,7 +71,7 @@ class ParallelConfig:
     bucket_bytes: float = 25 * 2**20  # PyTorch DDP's bucket_cap_mb = 25
     prefetch: int = 1  # ZeRO-3 / FSDP: layers gathered ahead of the one being computed
     # collective algorithm for every collective that offers it, the runtime's choice for the others (NCCL_ALGO's
-    # rule: "tree" changes the gradient all-reduce, not the setup broadcast); None: the runtime chooses everywhere
+    # rule: "halving_doubling" changes the gradient all-reduce, not the setup broadcast); None: the runtime chooses
     algorithm: str | None = None
     virtual_stages: int = 1  # pipeline chunks per pp rank (schedule="interleaved")
     pp_balance: str = "even"  # pipeline stage cut: "even" (blocks) or "measured" (FLOPs of each block)
