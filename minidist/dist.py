@@ -15,6 +15,8 @@ the roofline by hand), ``memory()`` (this rank's ledger) and ``cluster()``.
 
 from __future__ import annotations
 
+import datetime
+import numbers
 import pickle
 import warnings
 
@@ -297,8 +299,8 @@ def batch_isend_irecv(p2p_op_list: list) -> list[Work]:
     return [w for w in works if w is not None]
 
 
-def send_object_list(object_list: list, dst: int | None = None, group: ProcessGroup | None = None, device=None,
-                     group_dst: int | None = None) -> None:
+def send_object_list(object_list: list, dst: int | None = None, group: ProcessGroup | None = None,
+                     device: object = None, group_dst: int | None = None) -> None:
     """Send the picklable objects of ``object_list`` to ``dst``, as torch does: their pickled sizes (int64), then
     their bytes. The receiver passes a list of the same length to ``recv_object_list``. ``device`` is accepted
     for torch's signature and ignored (there are no devices to stage on)."""
@@ -310,8 +312,8 @@ def send_object_list(object_list: list, dst: int | None = None, group: ProcessGr
     send(np.frombuffer(b"".join(blobs), np.uint8), dst, group, group_dst=group_dst)
 
 
-def recv_object_list(object_list: list, src: int | None = None, group: ProcessGroup | None = None, device=None,
-                     group_src: int | None = None) -> int:
+def recv_object_list(object_list: list, src: int | None = None, group: ProcessGroup | None = None,
+                     device: object = None, group_src: int | None = None) -> int:
     """Fill ``object_list`` in place with the objects ``src`` sent by ``send_object_list`` (a list of the same
     length); returns the sender's global rank, as torch does. Unpickling runs what the pickle says: use it
     between your own ranks only."""
@@ -339,27 +341,29 @@ def get_backend(group: ProcessGroup | None = None) -> str:
     return ctx.transport.backend
 
 
-def monitored_barrier(group: ProcessGroup | None = None, timeout=None, wait_all_ranks: bool = False) -> None:
+def monitored_barrier(group: ProcessGroup | None = None, timeout: float | datetime.timedelta | None = None,
+                      wait_all_ranks: bool = False) -> None:
     """torch's debugging barrier: return once every rank of ``group`` has arrived, or raise ``CommTimeoutError``
     after ``timeout`` (seconds or a ``datetime.timedelta``; default: the launch's) naming what this rank still
     waits for. The launch's report then says what every other rank is doing, so ``wait_all_ranks`` (torch's
-    switch between the first missing rank and all of them) changes nothing here. Under ``backend="inprocess"``
-    the ranks take turns, so a rank busy in its own code holds the others back before they reach the barrier,
-    and only a rank that never arrives (it returned, or waits elsewhere) ends it."""
+    switch between the first missing rank and all of them) changes nothing here. The timeout is wall time, so it
+    applies to ranks as processes (the simulator and MPI); under ``backend="inprocess"`` the ranks take turns, a
+    rank busy in its own code holds the others back before they reach the barrier, and a rank that never arrives
+    is found at once by deadlock detection instead."""
     del wait_all_ranks
     ctx = current("md.dist.monitored_barrier")
-    if timeout is not None:
-        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < float("inf"):
-            raise ValueError(f"monitored_barrier: timeout must be a positive number of seconds or a timedelta, "
-                             f"got {timeout!r}")
-        before, ctx.transport.timeout = ctx.transport.timeout, float(seconds)
-        try:
-            barrier(group)
-        finally:
-            ctx.transport.timeout = before
-    else:
+    if timeout is None:
         barrier(group)
+        return
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 < seconds < float("inf"):
+        raise ValueError(f"monitored_barrier: timeout must be a positive number of seconds or a timedelta, "
+                         f"got {timeout!r}")
+    before, ctx.transport.timeout = ctx.transport.timeout, float(seconds)
+    try:
+        barrier(group)
+    finally:
+        ctx.transport.timeout = before
 
 
 # -- the simulated device ------------------------------------------------------------------

@@ -37,10 +37,14 @@ def test_every_published_figure_is_the_reference_datas():
         if not run["id"].startswith("megatron_bridge"):
             continue
         ref = REFERENCE[run["id"]]
-        x = ref["inputs"]
+        x, lay = ref["inputs"], run["layout"]
         assert (x["gpus"], x["global_batch"], x["seq_len"]) == (
-            run["layout"]["tp"] * run["layout"].get("cp", 1) * run["layout"]["pp"] * run["layout"]["dp"],
-            run["global_batch"], run["seq_len"])
+            lay["tp"] * lay.get("cp", 1) * lay["pp"] * lay["dp"], run["global_batch"], run["seq_len"])
+        assert (lay["tp"], lay["pp"], lay.get("cp", 1), lay.get("virtual", 1)) == (x["TP"], x["PP"], x["CP"],
+                                                                                  x["VP"] or 1)
+        # FSDP over n GPUs is ZeRO-3 over n data-parallel ranks; otherwise Megatron's distributed optimizer (ZeRO-1)
+        assert (lay.get("zero_stage", 1), lay["dp"]) == ((3, x["FSDP"]) if x["FSDP"] else (1, lay["dp"]))
+        assert lay.get("schedule", "1f1b") == ("interleaved" if x["VP"] else "1f1b")
         # the step time is the reference's tokens per second per GPU turned into seconds per step
         tokens_per_gpu = float(ref["note"].split(" tokens/s/GPU")[0].split()[-1])
         assert run["value"] == pytest.approx(x["global_batch"] * x["seq_len"] / (tokens_per_gpu * x["gpus"]),
@@ -53,10 +57,11 @@ def test_each_run_is_predicted_within_30_percent(check):
     assert abs(check.error) < 0.30, (check.id, check.predicted, check.published)
 
 
-def test_utilisation_rows_within_15_percent_and_half_of_all_rows_within_10():
+def test_what_the_readme_says_of_the_table_holds():
+    # minidist/estimate/README.md: "Eight of eleven within 10%, every MFU row within 13%"
     mfu = [c for c in CHECKS.values() if c.quantity == "mfu"]
-    assert len(mfu) == 6 and all(abs(c.error) < 0.15 for c in mfu)
-    assert statistics.median(abs(c.error) for c in CHECKS.values()) < 0.10
+    assert len(mfu) == 6 and all(abs(c.error) < 0.13 for c in mfu)
+    assert len(CHECKS) == 11 and sum(abs(c.error) < 0.10 for c in CHECKS.values()) >= 8
 
 
 def test_the_rows_run_their_published_layouts():

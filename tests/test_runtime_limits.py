@@ -141,7 +141,6 @@ def test_shared_memory_the_system_will_not_reserve_is_named(monkeypatch, no_leak
         launch(dist.get_rank, 4)
 
 
-
 def test_a_dev_shm_that_refuses_names_says_so_and_the_way_out(monkeypatch, no_leaks):  # noqa: F811
     def refuse(size, fork):
         raise OSError(errno.EROFS, "Read-only file system")

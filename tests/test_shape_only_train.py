@@ -9,6 +9,7 @@ And it must hold no values: a model of 2.5 GB of weights and optimizer state tra
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 
 import numpy as np
@@ -235,3 +236,5 @@ def test_a_shape_only_result_says_it_has_no_loss_values():
     assert "no loss values (shape only)" in text and "nan" not in text and "ms/step simulated" in text
     data = md.parallel.train(TOY, ParallelConfig(dp=2), steps=2, global_batch=4, backend="inprocess")
     assert f"loss {data.losses[0]:.4f} -> {data.losses[-1]:.4f}" in repr(data)
+    diverged = dataclasses.replace(data, losses=[float("nan")] * 2)  # a run with values that went NaN says so
+    assert "loss nan -> nan" in repr(diverged) and "shape only" not in repr(diverged)

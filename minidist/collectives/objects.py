@@ -31,7 +31,7 @@ def _size(group, name: str) -> int | None:
     return None
 
 
-def pickled(obj, name: str, what: str) -> bytes:
+def pickled(obj: object, name: str, what: str) -> bytes:
     """``obj``'s pickle, or a TypeError naming the call and the object that cannot travel."""
     try:
         return pickle.dumps(obj)

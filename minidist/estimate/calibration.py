@@ -21,9 +21,10 @@ rounded; a test re-runs the fit and checks both the constants and the 10% bound.
 
 Then the model meets runs it was not fitted on (``held_out``, data in ``data/published_runs.json``): Korthikanti
 et al. 2022's Table 5 (sequence parallelism and selective recomputation instead of full recomputation, A100),
-Megatron-Bridge's H100 FP8 Llama 3 runs (other models, GPU and precision) and Megatron-LM's H100 strong
-scaling of GPT-3 (layouts unpublished: the planner chooses them). A fit that only memorised Table 1 would
-miss these; ``python -m minidist calibration`` prints both tables.
+Megatron-Bridge's H100 FP8 Llama 3 runs (other models, GPU and precision), Megatron-LM's H100 strong
+scaling of GPT-3 (layouts unpublished: the planner chooses them), Meta's Llama 3 405B on 16,384 H100s and
+DeepSeek-V3's pre-training GPU-hours on H800s. A fit that only memorised Table 1 would miss these;
+``python -m minidist calibration`` prints both tables.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ class PublishedCheck:
 
     @property
     def error(self) -> float:
-        """predicted / published - 1 (positive: the model predicts more MFU, or a slower step)."""
+        """predicted / published - 1. Positive means the model is optimistic for MFU and TFLOP/s (more than
+        published) and pessimistic for step time and GPU-hours (slower than published)."""
         return self.predicted / self.published - 1
 
 

@@ -69,9 +69,10 @@ class TrainResult:
     memory_timeline: list[list[tuple[float, float]]] = field(default_factory=list)  # rank r: (seconds, bytes held)
     loss_scales: list[float] = field(default_factory=list)  # mixed precision: the loss scale of every step
     skipped_steps: int = 0  # steps skipped because a gradient overflowed
+    shape_only: bool = False  # trained on arrays with shapes and no values: no losses, weights or gradients
 
     def __repr__(self) -> str:
-        if self.losses and all(np.isnan(x) for x in self.losses):  # a shape-only run computes no values
+        if self.shape_only:
             loss = "no loss values (shape only)"
         elif self.losses:
             loss = f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"
@@ -295,4 +296,4 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         num_params=out[0]["num_params"], windows=windows,
         total_time=attempts.elapsed + max(o["end"] for o in out), failures=attempts.failures + out[0]["failures"],
         lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=[o["blocked"] for o in out],
-        loss_scales=out[0]["scales"], skipped_steps=out[0]["skipped"])
+        loss_scales=out[0]["scales"], skipped_steps=out[0]["skipped"], shape_only=bool(shape_only))
