@@ -43,8 +43,10 @@ def _pause_in_use() -> bool:
     return current().transport.pause is not None
 
 
-def test_the_poll_yields_only_when_ranks_outnumber_cores(monkeypatch):
-    monkeypatch.setattr(transport, "_cores", lambda: 4)
-    assert list(launch(_pause_in_use, 2)) == [False, False]
-    monkeypatch.setattr(transport, "_cores", lambda: 1)
-    assert list(launch(_pause_in_use, 2)) == [True, True]
+def test_the_poll_yields_whether_or_not_ranks_outnumber_cores(monkeypatch):
+    """Ranks share a core when they outnumber cores, and also when another program holds one: 2 ranks beside a
+    busy process took 140 us a 1 KB all-reduce with plain polls and 17 us with yields (tests/bench/HISTORY.md),
+    so the poll yields at every look in both cases."""
+    for cores in (4, 1):
+        monkeypatch.setattr(transport, "_cores", lambda cores=cores: cores)
+        assert list(launch(_pause_in_use, 2)) == [True, True]

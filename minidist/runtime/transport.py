@@ -23,8 +23,8 @@ collective, the call's signature, which is how ranks catch disagreeing arguments
 Waiting is cheap: one pipe per rank is its doorbell (``doorbell.py``). A rank about to sleep
 raises a flag on the channels it waits on and looks once more; whoever changes a flagged channel
 rings the bell, and nobody rings a rank that is busy (a wake-up costs far more than a message).
-Before sleeping a rank polls for a few tens of microseconds (``spin_seconds``); when ranks outnumber
-cores it yields its core at every look, so the poll only uses time nobody else on that core wants.
+Before sleeping a rank polls for a few tens of microseconds (``spin_seconds``), yielding its core at
+every look, so the poll only uses time nobody else on that core wants.
 Sleeps are timed, so a deadlock turns into a report of who waits for whom.
 """
 
@@ -88,11 +88,14 @@ def spin_seconds() -> float:
     """How long a waiting rank polls before it sleeps on its doorbell.
 
     Sleeping on the doorbell costs a wake-up (tens of microseconds of CPU on both sides) per message;
-    like MPI, a waiting rank polls briefly first (``SPIN_US``). When ranks outnumber cores a plain poll
-    would hold the core its peer needs, so there every look is followed by ``sched_yield`` (the
-    transport's ``pause``): a runnable peer on this core runs at once, and the poll ends, still brief,
-    when the time is up. On 2 cores that took a 1 KB all-reduce on 4 ranks from about 200 us to 40-80 us.
-    ``MINIDIST_SPIN_US`` sets the poll (0: always sleep at once).
+    like MPI, a waiting rank polls briefly first (``SPIN_US``). A plain poll would hold the core its
+    peer needs whenever the two share one, so every look is followed by ``sched_yield`` (the transport's
+    ``pause``): a runnable peer on this core runs at once, and the poll ends, still brief, when the time
+    is up. Ranks share a core when they outnumber cores (on 2 cores, a 1 KB all-reduce on 4 ranks went
+    from about 200 us to 40-80 us), and also when another program holds a core: 2 ranks beside a busy
+    process took 140 us a call with plain polls and 17 us with yields, while on an idle machine the
+    yields cost nothing measurable (7 us either way). ``MINIDIST_SPIN_US`` sets the poll (0: always
+    sleep at once).
     """
     env = os.environ.get("MINIDIST_SPIN_US")
     spin = SPIN_US if env is None or env == "" else float(env)
@@ -336,8 +339,8 @@ class Transport:
         self.coll = None  # (ranks, group key, seq, signature) of the collective in progress
         self.finishing = False  # fn has returned: what is still in flight is waited for in flush
         self.spin = spin_seconds()
-        # between two looks of a poll: give the core away when ranks outnumber cores (see spin_seconds)
-        self.pause = os.sched_yield if oversubscribed(self.world) and hasattr(os, "sched_yield") else None
+        # between two looks of a poll: give the core to a runnable peer on it (see spin_seconds)
+        self.pause = os.sched_yield if hasattr(os, "sched_yield") else None
         # Cross-memory attach (cma.py) for messages above RENDEZVOUS_BYTES (at most a whole channel).
         self.rendezvous_bytes = min(RENDEZVOUS_BYTES, self.nslots * self.slot_bytes)
         self.small_bytes = min(self.slot_bytes, self.rendezvous_bytes)  # sendrecv_small's limit: one slot
