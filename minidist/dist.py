@@ -16,7 +16,6 @@ the roofline by hand), ``memory()`` (this rank's ledger) and ``cluster()``.
 from __future__ import annotations
 
 import datetime
-import numbers
 import pickle
 import warnings
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from minidist.runtime.context import current
 from minidist.runtime.groups import ProcessGroup
+from minidist.runtime.launch import positive_seconds
 from minidist.runtime.ops import ReduceOp
 from minidist.runtime.work import Work
 
@@ -356,7 +356,7 @@ def monitored_barrier(group: ProcessGroup | None = None, timeout: float | dateti
         barrier(group)
         return
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not 0 < seconds < float("inf"):
+    if not positive_seconds(seconds):
         raise ValueError(f"monitored_barrier: timeout must be a positive number of seconds or a timedelta, "
                          f"got {timeout!r}")
     before, ctx.transport.timeout = ctx.transport.timeout, float(seconds)

@@ -168,13 +168,16 @@ def held_out(efficiency: Efficiency | None = None) -> list[PublishedCheck]:
     return out
 
 
+# quantity -> (format, unit, scale) in the table
+_SHOWN = {"mfu": ("{:.1%}", "MFU", 1), "step_time": ("{:.2f}", "s/step", 1), "tflops": ("{:.0f}", "TFLOPs", 1),
+          "gpu_hours": ("{:.3f}M", "GPU-h", 1e-6)}
+
+
 def held_out_table(checks: list[PublishedCheck]) -> str:
     """The held-out checks as an aligned table: run, published, predicted, error, unit, layout."""
     lines = [f"  {'run':40} {'published':>10} {'predicted':>10} {'error':>7}   layout"]
     for c in checks:
-        fmt = {"mfu": "{:.1%}", "step_time": "{:.2f}", "tflops": "{:.0f}", "gpu_hours": "{:.3f}M"}[c.quantity]
-        unit = {"mfu": "MFU", "step_time": "s/step", "tflops": "TFLOPs", "gpu_hours": "GPU-h"}[c.quantity]
-        scale = 1e-6 if c.quantity == "gpu_hours" else 1
+        fmt, unit, scale = _SHOWN[c.quantity]
         lines.append(f"  {c.id:40} {fmt.format(c.published * scale):>10} {fmt.format(c.predicted * scale):>10} "
                      f"{c.error:>+7.1%}   {unit:6} {c.layout}")
     return "\n".join(lines)

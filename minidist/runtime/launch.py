@@ -110,6 +110,12 @@ class _Segment:
             self.name = None
 
 
+def positive_seconds(value: object) -> bool:
+    """Whether ``value`` is a finite positive number of seconds (a bool, a string or NaN is not)."""
+    return (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+            and value > 0)
+
+
 def _layout(world: int, named: bool) -> shm.Layout:
     """The channels' layout, within the room a named segment has (spawn): touching a page past it would kill."""
     budget = shm.segment_budget()
@@ -533,12 +539,10 @@ def launch(
         raise TypeError(f"launch: cluster must be a md.Cluster (md.Cluster.dgx_h100(nodes=2), say), got "
                         f"{type(cluster).__name__} {cluster!r:.60}")
     args, kwargs = tuple(args), (dict(kwargs) if kwargs is not None else None)  # plain ones travel under any start
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not math.isfinite(timeout) \
-            or timeout <= 0:
+    if not positive_seconds(timeout):
         raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
     timeout = float(timeout)
-    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, numbers.Real)
-                                 or not math.isfinite(deadline) or deadline <= 0):
+    if deadline is not None and not positive_seconds(deadline):
         raise ValueError(f"launch: deadline must be None or a positive number of seconds, got {deadline!r}")
     if backend not in ("sim", "mpi", "inprocess"):
         raise ValueError(f"launch: backend must be 'sim' (shared memory), 'mpi' or 'inprocess', got {backend!r}")
