@@ -1,6 +1,8 @@
 """The exercise notebooks fail only at their exercises, with a clear message.
 
-Each ``labs/*.ipynb`` runs in a fresh kernel from the top until its first error. That error must come
+Each exercise notebook runs in a fresh kernel from the top until its first error. It is built afresh from
+``solutions/`` (what ``make labs`` writes to ``labs/``), never read from ``labs/``: that folder holds the
+learner's working copies, and a learner who has answered a lab must not fail ``make test``. That error must come
 from a cell holding an exercise stub (``# your code here``) and be the stub's NotImplementedError, or a
 check's CheckFailed saying the exercise is not done yet. Anything else (a crash in the lab's own code
 before the first exercise, a stub that raises something cryptic, a check that blames the learner for
@@ -9,6 +11,7 @@ the wrong thing) fails this test. Execution stops at the first exercise, so this
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -18,20 +21,29 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
+from minidist.labs.build import exercise_notebook  # noqa: E402
 from minidist.labs.execute import start_kernel, stop_kernel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LABS = sorted((ROOT / "labs").glob("*.ipynb"))
+LABS = sorted((ROOT / "solutions").glob("*.ipynb"))
 STUB = "# your code here"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def first_error(path: Path) -> tuple[int, dict] | None:
     """Run the notebook until a cell raises; return (cell index, error output) or None if none did."""
-    nb = nbformat.read(path, as_version=4)
+    return first_error_of(nbformat.read(path, as_version=4))
+
+
+def exercise_version(solution: Path):
+    """The exercise notebook ``make labs`` writes for ``solution``, as nbformat reads it."""
+    return nbformat.reads(json.dumps(exercise_notebook(json.loads(solution.read_text()))), as_version=4)
+
+
+def first_error_of(nb) -> tuple[int, dict] | None:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=False,
-                                     resources={"metadata": {"path": str(ROOT)}})
+                                     resources={"metadata": {"path": str(ROOT / "labs")}})
     try:
         start_kernel(client, env)
         for i, cell in enumerate(nb.cells):
@@ -56,12 +68,12 @@ def _lab_param(p: Path):
 
 @pytest.mark.parametrize("path", [_lab_param(p) for p in LABS])
 def test_exercise_version_fails_only_at_an_exercise(path: Path):
-    src = (ROOT / "solutions" / path.name).read_text()
-    assert "### BEGIN SOLUTION" in src, f"{path.name}: the solution notebook has no exercise"
-    hit = first_error(path)
+    assert "### BEGIN SOLUTION" in path.read_text(), f"{path.name}: the solution notebook has no exercise"
+    nb = exercise_version(path)
+    hit = first_error_of(nb)
     assert hit is not None, f"{path.name}: ran to the end although it has exercises (is a stub missing?)"
     index, err = hit
-    cell = "".join(nbformat.read(path, as_version=4).cells[index].source)
+    cell = "".join(nb.cells[index].source)
     ename, evalue = err["ename"], ANSI.sub("", err["evalue"])
     where = f"{path.name}, cell {index} ({ename}: {evalue[:300]})\n--- cell ---\n{cell[:600]}"
     assert STUB in cell, f"the first error is not in an exercise cell: {where}"
