@@ -103,3 +103,30 @@ def test_an_action_outside_the_micro_batches_is_not_blamed_on_the_books_warm_up(
     with pytest.raises(CheckFailed, match="outside m=1") as e:
         md.labs.check_1f1b_actions(lambda p, m: [["F1", "B1"]] * p)
     assert "book" not in str(e.value)
+
+
+def test_walk_schedule_accepts_the_executors_walk_and_names_the_closed_form():
+    from minidist.labs.pipeline_checks import _walk
+    from minidist.parallel import schedules as S
+    from minidist.parallel.schedule_walk import simulate
+
+    # the reference walk is the executor's: same span and bubble, messages included
+    for name, p, m, F, B, comm in [("1f1b", 4, 6, 0.7, 1.9, 0.2), ("gpipe", 3, 5, 1.0, 2.0, 0.1)]:
+        s = S.make_schedule(name, p, m)
+        tr = simulate(s, F=F, B=B, comm=comm)
+        span, bubble = _walk([[str(a) for a in s.compute(r)] for r in range(p)], F, B, comm)
+        assert abs(span - (max(e.end for e in tr.events) - min(e.start for e in tr.events))) < 1e-12
+        assert abs(bubble - S.bubble_fraction(tr)) < 1e-12
+    md.labs.check_walk_schedule(lambda rows, F, B, comm=0.0: _walk(rows, F, B, comm))
+
+    def closed_form(rows, F, B, comm=0.0):
+        p, m = len(rows), len(rows[0]) // 2
+        return (m + p - 1) * (F + B), (p - 1) / (m + p - 1)
+
+    with pytest.raises(CheckFailed, match="closed form"):
+        md.labs.check_walk_schedule(closed_form)
+    with pytest.raises(CheckFailed, match="arrives `comm` seconds"):
+        md.labs.check_walk_schedule(lambda rows, F, B, comm=0.0: _walk(rows, F, B, 0.0))
+    with pytest.raises(CheckFailed, match="IDLE share"):
+        md.labs.check_walk_schedule(lambda rows, F, B, comm=0.0: (_walk(rows, F, B, comm)[0],
+                                                                  1 - _walk(rows, F, B, comm)[1]))

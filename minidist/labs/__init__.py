@@ -39,7 +39,7 @@ from minidist.labs.overlap_checks import (
     check_dualpipev_bubble,
     check_kv_numbers_per_token,
 )
-from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble
+from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble, check_walk_schedule
 from minidist.labs.precision_checks import check_loss_scale_update, check_max_finite, check_round_to
 from minidist.labs.profiling_checks import check_bus_bandwidth, check_overlap_fraction, check_robust_z
 from minidist.labs.recompute_checks import check_best_interval, check_checkpointed_bytes, check_overlap_tokens

@@ -113,3 +113,73 @@ def check_1f1b_actions(actions: Callable) -> None:
         n += 1
     passed(f"1F1B action lists: {n} pipelines run without deadlock, hold min(p-s, m) micro-batches, bubble "
            f"(p-1)/(m+p-1)")
+
+
+def _walk(rows: list[list[str]], F: float, B: float, comm: float) -> tuple[float, float]:
+    """The reference: every stage runs its list in order, each action as soon as its stage is free and its input
+    has arrived (a neighbour's output ``comm`` seconds after it ends); (span, idle share of the p stages)."""
+    p = len(rows)
+    end: dict[tuple, float] = {}
+    free, nxt = [0.0] * p, [0] * p
+    while any(nxt[s] < len(rows[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while nxt[s] < len(rows[s]):
+                op, i = rows[s][nxt[s]][0], int(rows[s][nxt[s]][1:])
+                if op == "F":
+                    dep, hop = (("F", s - 1, i), comm) if s > 0 else (None, 0.0)
+                else:
+                    dep, hop = (("B", s + 1, i), comm) if s < p - 1 else (("F", s, i), 0.0)
+                if dep is not None and dep not in end:
+                    break
+                start = max(free[s], end[dep] + hop if dep else 0.0)
+                free[s] = end[(op, s, i)] = start + (F if op == "F" else B)
+                nxt[s] += 1
+                moved = True
+        if not moved:
+            raise ValueError("the schedule deadlocks")
+    span = max(free)
+    busy = sum(F if a[0] == "F" else B for row in rows for a in row)
+    return span, 1 - busy / (p * span)
+
+
+def check_walk_schedule(walk: Callable) -> None:
+    """``walk(rows, F, B, comm)`` -> (span, bubble) of any valid F/B schedule, timed from its dependencies."""
+    from minidist.parallel.schedules import make_schedule
+
+    name = getattr(walk, "__name__", "walk")
+    name = name if name.isidentifier() else "walk"
+    # "lockstep" (every stage F0 B0 F1 B1 ...) is valid but slow: no closed form of the page fits it
+    cases = [("1f1b", 3, 5, 1.0, 2.0, 0.0), ("lockstep", 3, 4, 1.0, 2.0, 0.0),
+             ("gpipe", 5, 7, 0.7, 1.9, 0.0), ("1f1b", 6, 3, 1.0, 2.0, 0.0),
+             ("gpipe", 2, 6, 1.0, 2.0, 0.3), ("1f1b", 5, 9, 0.5, 1.5, 0.25), ("1f1b", 3, 2, 2.0, 3.0, 0.5),
+             ("gpipe", 4, 4, 1.0, 1.0, 0.1), ("1f1b", 7, 11, 0.9, 2.1, 0.05)]
+    for sched, p, m, F, B, comm in cases:
+        if sched == "lockstep":
+            rows = [[f"{op}{i}" for i in range(m) for op in "FB"] for _ in range(p)]
+        else:
+            s = make_schedule(sched, p, m)
+            rows = [[str(a) for a in s.compute(r)] for r in range(p)]
+        call = f"{name}(<{sched} rows, p={p}, m={m}>, F={F}, B={B}, comm={comm})"
+        got = attempt(name, walk, [list(r) for r in rows], F, B, comm, shown=call)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            fail(f"{call} must return two numbers", "(span, bubble)", got, "return the tuple (span, bubble)")
+        span, bub = (float(x) for x in got)
+        want_span, want_bub = _walk(rows, F, B, comm)
+        if close(span, want_span, rel=1e-9) and close(bub, want_bub, rel=1e-9, abs_=1e-12):
+            continue
+        hint = ("time each action: it starts when its stage is free AND its input exists (a forward needs the "
+                "previous stage's forward of the same micro-batch, a backward the next stage's backward, the last "
+                "stage's backward its own forward)")
+        if comm and close(span, _walk(rows, F, B, 0.0)[0]):
+            hint = "a result produced on another stage arrives `comm` seconds after it ends there"
+        elif close(bub, (p - 1) / (m + p - 1)):
+            hint = ("that is the closed form, which holds for uniform slots without messages only: walk the "
+                    "actions instead, so that any costs and message times count")
+        elif close(span, want_span) and close(bub, 1 - want_bub):
+            hint = "the bubble is the IDLE share of the p stages over the span, not the busy share"
+        elif close(span, want_span):
+            hint = ("the span is right; the bubble is 1 - (time the p stages compute) / (p x span), each action "
+                    "counted at its own cost")
+        fail(f"{call} is wrong", (want_span, want_bub), (span, bub), hint)
+    passed(f"{name}: {len(cases)} schedules timed from their dependencies (uneven costs and message times included)")
