@@ -86,3 +86,17 @@ def test_dp_min_tokens():
                          (lambda f, b, s: f / (3 * b), "bytes_per_grad")]:
         with pytest.raises(CheckFailed, match=match):
             md.labs.check_dp_min_tokens(wrong)
+
+
+def test_exposed_comm_accepts_the_walk_and_names_each_usual_mistake():
+    from functools import partial
+
+    from minidist.labs.data_parallel_checks import _exposed
+
+    md.labs.check_exposed_comm(_exposed)
+    for flag, words in [("overlap", "while the backward goes on"), ("serial", "one all-reduce at a time"),
+                        ("minus_end", "after the backward finished")]:
+        with pytest.raises(CheckFailed, match=words):
+            md.labs.check_exposed_comm(partial(_exposed, **{flag: False}))
+    with pytest.raises(CheckFailed, match="not done yet"):
+        md.labs.check_exposed_comm(lambda *a: (_ for _ in ()).throw(NotImplementedError))

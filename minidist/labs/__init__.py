@@ -11,7 +11,12 @@ from minidist.labs.check import CheckFailed
 from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
 from minidist.labs.compression_checks import check_powersgd_bytes, check_stochastic_round, check_topk_feedback
 from minidist.labs.context_checks import check_cp_volumes, check_ring_attention, check_softmax_merge
-from minidist.labs.data_parallel_checks import check_bucketed_time, check_dp_gradient, check_dp_min_tokens
+from minidist.labs.data_parallel_checks import (
+    check_bucketed_time,
+    check_dp_gradient,
+    check_dp_min_tokens,
+    check_exposed_comm,
+)
 from minidist.labs.economics_checks import (
     check_approx_params,
     check_memory_estimates,

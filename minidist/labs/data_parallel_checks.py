@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import check_cases, passed
+from minidist.labs.check import attempt, check_cases, close, fail, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
 GLOBAL_BATCH = 10  # splits evenly over 1, 2 and 5 ranks, unevenly over 3 and 4
@@ -136,3 +136,58 @@ def check_dp_min_tokens(fn: Callable[[float, float, float], float]) -> None:
 
     check_cases("dp_min_tokens", fn, cases, rel=1e-6, diagnose=diagnose)
 
+
+
+def _ring(n: float, p: int, alpha: float, beta: float) -> float:
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n / beta
+
+
+def _exposed(ready, sizes, bucket_bytes, p, alpha, beta, *, serial=True, overlap=True, minus_end=True) -> float:
+    """The reference (and, with a flag off, a usual mistake): comm time left after the last gradient is ready."""
+    free = 0.0 if overlap else max(ready)
+    filled, last = 0.0, 0.0
+    buckets = []
+    for t, n in zip(ready, sizes):
+        filled, last = filled + n, t
+        if filled >= bucket_bytes:
+            buckets.append((last, filled))
+            filled = 0.0
+    if filled:
+        buckets.append((last, filled))
+    end = 0.0
+    for t, n in buckets:
+        start = max(t, free) if serial or not overlap else t
+        free = start + _ring(n, p, alpha, beta)
+        end = max(end, free)
+    return end - max(ready) if minus_end else end
+
+
+def check_exposed_comm(fn: Callable) -> None:
+    """``fn(ready, sizes, bucket_bytes, p, alpha, beta)``: the all-reduce time left exposed after the backward."""
+    rng = np.random.default_rng(14)
+    cases = []
+    for n_params, cap, p, alpha, beta in [(6, 1e12, 4, 1e-6, 1e10), (6, 1.0, 4, 1e-6, 1e10), (12, 3e5, 8, 5e-6, 2e10),
+                                          (20, 8e5, 2, 1e-5, 5e9), (9, 2e5, 16, 2e-6, 1e11), (30, 1e6, 64, 5e-6, 5e10)]:
+        ready = np.cumsum(rng.uniform(1e-5, 1e-4, size=n_params))
+        sizes = rng.integers(50_000, 400_000, size=n_params).astype(float)
+        cases.append((ready, sizes, cap, p, alpha, beta))
+    name = getattr(fn, "__name__", "exposed_comm")
+    name = name if name.isidentifier() else "exposed_comm"
+    for ready, sizes, cap, p, alpha, beta in cases:
+        call = f"{name}(<{len(ready)} gradients>, bucket_bytes={cap:g}, p={p}, alpha={alpha:g}, beta={beta:g})"
+        got = number(f"{call}: expected a number",
+                     attempt(name, fn, ready.tolist(), sizes.tolist(), cap, p, alpha, beta, shown=call))
+        want = _exposed(ready, sizes, cap, p, alpha, beta)
+        if close(got, want, rel=1e-9, abs_=1e-15):
+            continue
+        hint = ("close a bucket when the gradients in it reach bucket_bytes (the last one may be smaller); each "
+                "bucket's all-reduce starts when its last gradient is ready and the previous all-reduce is done")
+        if close(got, _exposed(ready, sizes, cap, p, alpha, beta, overlap=False)):
+            hint = ("that is every all-reduce after the backward: a bucket can start as soon as its last gradient "
+                    "exists, while the backward goes on")
+        elif close(got, _exposed(ready, sizes, cap, p, alpha, beta, serial=False)):
+            hint = "the communication stream runs one all-reduce at a time: a bucket waits for the one before it"
+        elif close(got, _exposed(ready, sizes, cap, p, alpha, beta, minus_end=False)):
+            hint = "that is when the last all-reduce ends; what is exposed is the part after the backward finished"
+        fail(f"{call} is wrong", want, got, hint)
+    passed(f"{name}: {len(cases)} backwards, from one bucket per gradient to one bucket for all")
