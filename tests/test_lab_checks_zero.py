@@ -84,3 +84,19 @@ def test_zero_comm_bytes():
     ]:
         with pytest.raises(CheckFailed, match=match):
             md.labs.check_zero_comm_bytes(wrong)
+
+
+def test_zero3_forward_accepts_the_walk_and_names_each_usual_mistake():
+    from functools import partial
+
+    from minidist.labs.zero_checks import _zero3_forward
+
+    md.labs.check_zero3_forward(_zero3_forward)
+    with pytest.raises(CheckFailed, match="one communication stream"):
+        md.labs.check_zero3_forward(partial(_zero3_forward, serial=False))
+    with pytest.raises(CheckFailed, match="window of prefetch"):
+        md.labs.check_zero3_forward(partial(_zero3_forward, window=False))
+    with pytest.raises(CheckFailed, match="every gather waited for in full"):
+        md.labs.check_zero3_forward(lambda c, g, k: sum(c) + sum(g))
+    with pytest.raises(CheckFailed, match="window"):
+        md.labs.check_zero3_forward(lambda c, g, k: _zero3_forward(c, g, k + 1))  # too deep a window

@@ -71,7 +71,12 @@ from minidist.labs.topology_checks import (
     check_hierarchical_all_reduce,
     check_two_level_times,
 )
-from minidist.labs.zero_checks import check_min_gpus, check_model_state_bytes, check_zero_comm_bytes
+from minidist.labs.zero_checks import (
+    check_min_gpus,
+    check_model_state_bytes,
+    check_zero3_forward,
+    check_zero_comm_bytes,
+)
 
 _install_notebook_errors()  # in a notebook: check messages without the check's source, one line per stub
 

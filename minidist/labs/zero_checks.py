@@ -14,7 +14,9 @@ import math
 import numbers
 from collections.abc import Callable
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, fail, passed
+import numpy as np
+
+from minidist.labs.check import CheckFailed, attempt, check_cases, close, fail, number, passed
 
 TERMS = ("weights", "gradients", "optimizer state")
 
@@ -130,3 +132,47 @@ def check_zero_comm_bytes(fn: Callable[[float, int, int, float], float]) -> None
         return None
 
     check_cases("zero_comm_bytes", fn, cases, diagnose=diagnose)
+
+
+def _zero3_forward(compute, gather, prefetch: int, *, serial: bool = True, window: bool = True) -> float:
+    """The reference (a flag off gives a usual mistake): layer i's all-gather is issued at the start (i <= prefetch)
+    or when layer i - prefetch - 1 has finished (its slot in the window of gathered layers frees), runs on the one
+    communication stream, and layer i computes once its weights are there and layer i - 1 is done."""
+    comm_free, prev_end, done = 0.0, 0.0, []
+    for i, (c, g) in enumerate(zip(compute, gather)):
+        issue = 0.0 if (i <= prefetch or not window) else done[i - prefetch - 1]
+        arrived = (max(comm_free, issue) if serial else issue) + g
+        comm_free = arrived
+        prev_end = max(prev_end, arrived) + c
+        done.append(prev_end)
+    return prev_end
+
+
+def check_zero3_forward(fn: Callable) -> None:
+    """``fn(compute, gather, prefetch)``: the forward time of ZeRO-3 with all-gathers issued ``prefetch`` ahead."""
+    rng = np.random.default_rng(13)
+    cases = [([1.0] * 4, [1.0] * 4, 0), ([1.0] * 4, [0.5] * 4, 1), ([2.0, 1.0, 3.0], [1.5, 1.5, 1.5], 1)]
+    for L, k in [(6, 0), (7, 1), (8, 2), (5, 3), (9, 1)]:
+        cases.append((rng.uniform(0.2, 2.0, L).round(3).tolist(), rng.uniform(0.2, 2.0, L).round(3).tolist(), k))
+    name = getattr(fn, "__name__", "zero3_forward")
+    name = name if name.isidentifier() else "zero3_forward"
+    for compute, gather, k in cases:
+        call = f"{name}(compute={compute}, gather={gather}, prefetch={k})"
+        got = number(f"{call}: expected a number", attempt(name, fn, list(compute), list(gather), k, shown=call))
+        want = _zero3_forward(compute, gather, k)
+        if close(got, want, rel=1e-9):
+            continue
+        hint = ("walk the layers in order: a layer computes when its weights have arrived and the layer before has "
+                "finished; its all-gather is issued either at the start or when a slot of the window frees")
+        if close(got, sum(compute) + sum(gather)):
+            hint = "that is every gather waited for in full: with prefetch, a gather runs while earlier layers compute"
+        elif close(got, _zero3_forward(compute, gather, k, serial=False)):
+            hint = "the all-gathers share one communication stream: a gather cannot start before the previous one ends"
+        elif close(got, _zero3_forward(compute, gather, k, window=False)):
+            hint = ("the gathered layers must fit in a window of prefetch + 1: layer i's gather waits for layer "
+                    "i - prefetch - 1 to finish and release its weights")
+        elif close(got, _zero3_forward(compute, gather, k + 1)) or (k and close(got, _zero3_forward(compute,
+                                                                                                   gather, k - 1))):
+            hint = "count the window again: with prefetch 0 a layer's gather starts only when the layer before is done"
+        fail(f"{call} is wrong", want, got, hint)
+    passed(f"{name}: {len(cases)} forwards, uneven layers and prefetch depths 0-3")
