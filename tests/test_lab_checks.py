@@ -425,3 +425,22 @@ def test_two_level_and_contention_checks():
 
     md.labs.check_flows_per_nic(flows)
     _rejects(md.labs.check_flows_per_nic, lambda order, G: sum(a // G != b // G for a, b in zip(order, order[1:])))
+
+
+def test_every_check_is_exported_under_its_own_name():
+    """Two labs' checks with one name would shadow each other in md.labs: the later import wins, silently."""
+    import importlib
+    import pkgutil
+
+    import minidist.labs as labs
+
+    seen: dict[str, str] = {}
+    for info in pkgutil.iter_modules(labs.__path__):
+        if not info.name.endswith("_checks"):
+            continue
+        module = importlib.import_module(f"minidist.labs.{info.name}")
+        for name, obj in vars(module).items():
+            if name.startswith("check_") and callable(obj) and obj.__module__ == module.__name__:
+                assert name not in seen, f"{name} is defined in both {seen[name]} and {info.name}"
+                seen[name] = info.name
+                assert getattr(labs, name, None) is obj, f"md.labs.{name} is not {info.name}.{name}"

@@ -52,3 +52,43 @@ def test_overlap_tokens():
         md.labs.check_overlap_tokens(lambda f, b: b / f)
     with pytest.raises(CheckFailed, match="24 h\\^2 cancels"):
         md.labs.check_overlap_tokens(lambda f, b: 3 * f / b)
+
+
+def test_exact_peak_accepts_the_walk_and_names_the_upper_bound():
+    from minidist.labs.recompute_checks import _exact_peak, _ref_bytes
+
+    md.labs.check_exact_peak(_exact_peak)
+    with pytest.raises(CheckFailed, match="an upper bound"):
+        md.labs.check_exact_peak(_ref_bytes)
+    with pytest.raises(CheckFailed, match="its own kept input is still alive"):
+        md.labs.check_exact_peak(lambda L, k, lb, ib: _exact_peak(L, k, lb, ib) - ib)
+
+
+def test_plan_recompute_wants_the_cheapest_set_not_the_greedy_one():
+    import itertools
+
+    def exhaustive(ops, need):
+        best = None
+        for n in range(len(ops) + 1):
+            for combo in itertools.combinations(ops, n):
+                if sum(o[1] for o in combo) >= need and (best is None or sum(o[2] for o in combo) <
+                                                         sum(o[2] for o in best)):
+                    best = combo
+        return None if best is None else [o[0] for o in best]
+
+    def greedy(ops, need):
+        chosen, freed = [], 0.0
+        for o in sorted(ops, key=lambda o: -o[1] / (o[2] or 1e-30)):
+            if freed >= need:
+                break
+            chosen.append(o[0])
+            freed += o[1]
+        return chosen if freed >= need else None
+
+    md.labs.check_plan_recompute(exhaustive)
+    with pytest.raises(CheckFailed, match="compare whole sets"):
+        md.labs.check_plan_recompute(greedy)
+    with pytest.raises(CheckFailed, match="frees too little"):
+        md.labs.check_plan_recompute(lambda ops, need: [ops[0][0]])
+    with pytest.raises(CheckFailed, match="return None"):
+        md.labs.check_plan_recompute(lambda ops, need: exhaustive(ops, need) or [])

@@ -47,7 +47,13 @@ from minidist.labs.overlap_checks import (
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble, check_walk_schedule
 from minidist.labs.precision_checks import check_loss_scale_update, check_max_finite, check_round_to
 from minidist.labs.profiling_checks import check_bus_bandwidth, check_overlap_fraction, check_robust_z
-from minidist.labs.recompute_checks import check_best_interval, check_checkpointed_bytes, check_overlap_tokens
+from minidist.labs.recompute_checks import (
+    check_best_interval,
+    check_checkpointed_bytes,
+    check_exact_peak,
+    check_overlap_tokens,
+    check_plan_recompute,
+)
 from minidist.labs.resilience_checks import check_expected_completion, check_reshard, check_young_daly
 from minidist.labs.ring_checks import check_collective_times, check_ring_all_reduce, check_ring_tree_crossover
 from minidist.labs.roofline_checks import (

@@ -89,3 +89,84 @@ def check_overlap_tokens(fn: Callable[[float, float], float]) -> None:
         return None
 
     check_cases("overlap_tokens", fn, cases, diagnose=diagnose)
+
+
+def _exact_peak(L: int, k: int, layer_bytes: float, input_bytes: float) -> float:
+    """The backward rebuilds segment j (last first) holding inputs 0..j and j's layers: the largest such sum."""
+    n = math.ceil(L / k)
+    return max((j + 1) * input_bytes + min(k, L - j * k) * layer_bytes for j in range(n))
+
+
+def check_exact_peak(fn: Callable[[int, int, float, float], float]) -> None:
+    """``fn(L, k, layer_bytes, input_bytes)``: the peak the backward really reaches, segment by segment."""
+    cases = [(12, 4, 1e6, 1e5), (10, 3, 1e6, 2e4), (10, 4, 5e5, 4e5), (7, 7, 1e6, 1e5), (11, 1, 1e6, 1e5),
+             (13, 5, 2e5, 3e5), (17, 6, 1e6, 9e5), (5, 2, 1e6, 1e6), (30, 7, 3.8e9, 6.7e7)]
+    name = getattr(fn, "__name__", "exact_peak")
+    name = name if name.isidentifier() else "exact_peak"
+    for L, k, lb, ib in cases:
+        got = attempt(name, fn, L, k, lb, ib)
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            fail(f"{name}{(L, k, lb, ib)}: expected a number", "bytes", got)
+        want = _exact_peak(L, k, lb, ib)
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        hint = ("walk the backward: it rebuilds the segments from the last to the first; while segment j is rebuilt, "
+                "which inputs are still kept, and how many layers does that segment have?")
+        if math.isclose(got, _ref_bytes(L, k, lb, ib), rel_tol=1e-9):
+            hint = ("that is M(k), an upper bound: when the last segment is shorter, the backward handles it first "
+                    "and releases its input before any full segment is rebuilt")
+        elif math.isclose(got, want - ib, rel_tol=1e-9):
+            hint = "while a segment is rebuilt, its own kept input is still alive (it is what the rebuild starts from)"
+        fail(f"{name}{(L, k, lb, ib)} is wrong", want, got, hint)
+    passed(f"{name}: {len(cases)} stacks, with and without a shorter last segment")
+
+
+def _best_plan(ops: list[tuple[str, float, float]], need: float) -> tuple[float, float]:
+    """(least extra FLOPs, bytes freed by such a set) over every subset freeing at least ``need`` bytes."""
+    best = (math.inf, 0.0)
+    for mask in range(1 << len(ops)):
+        chosen = [op for i, op in enumerate(ops) if mask >> i & 1]
+        freed, cost = sum(o[1] for o in chosen), sum(o[2] for o in chosen)
+        if freed >= need and cost < best[0]:
+            best = (cost, freed)
+    return best
+
+
+def check_plan_recompute(fn: Callable[[list, float], list]) -> None:
+    """``fn(ops, need)``: names of the saved tensors to drop and rebuild, freeing >= ``need`` bytes at least cost."""
+    import numpy as np
+
+    rng = np.random.default_rng(21)
+    # greedy by bytes per FLOP takes x then y (3 FLOPs); y alone (2) is enough
+    cases = [([("x", 9.0, 1.0), ("y", 10.0, 2.0), ("z", 1.0, 0.5)], 10.0),
+             ([("u", 4.0, 4.0), ("v", 3.0, 1.0), ("w", 3.0, 1.0)], 6.0)]
+    for n in (5, 7, 9, 11):
+        ops = [(f"t{i}", float(rng.integers(1, 40)), float(rng.integers(0, 30))) for i in range(n)]
+        cases.append((ops, 0.6 * sum(o[1] for o in ops)))
+    cases.append(([("p", 5.0, 2.0), ("q", 5.0, 2.0)], 11.0))  # impossible: nothing frees enough
+    name = getattr(fn, "__name__", "plan_recompute")
+    name = name if name.isidentifier() else "plan_recompute"
+    for ops, need in cases:
+        call = f"{name}(<{len(ops)} tensors>, need={need:g})"
+        got = attempt(name, fn, list(ops), need, shown=call)
+        best_cost, _ = _best_plan(ops, need)
+        if best_cost == math.inf:
+            if got is not None:
+                fail(f"{call}: no set of tensors frees {need:g} bytes", None, got,
+                     "when even dropping everything is not enough, return None")
+            continue
+        if got is None or isinstance(got, str) or not all(isinstance(x, str) for x in got):
+            fail(f"{call} must return a list of tensor names", "e.g. ['t0', 't3']", got)
+        known = {o[0]: o for o in ops}
+        unknown = [x for x in got if x not in known]
+        if unknown or len(set(got)) != len(got):
+            fail(f"{call}: each name once, from the list given", sorted(known), list(got))
+        freed, cost = sum(known[x][1] for x in got), sum(known[x][2] for x in got)
+        if freed < need:
+            fail(f"{call} frees too little", f">= {need:g} bytes", f"{freed:g} bytes",
+                 "the plan must free at least `need` bytes")
+        if cost > best_cost + 1e-9:
+            fail(f"{call} costs more than it must", f"{best_cost:g} extra FLOPs", f"{cost:g}",
+                 "ranking tensors by bytes per FLOP can miss the cheapest set (a cheap tensor may make a costly "
+                 "one unnecessary): compare whole sets, there are few enough tensors")
+    passed(f"{name}: {len(cases)} layers, every plan frees enough at the least recompute cost")
