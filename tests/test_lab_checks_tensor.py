@@ -166,3 +166,31 @@ def test_layer_formulas(capsys):
         check_tp_layer_bytes(lambda b, s, h, t, d: 4 * b * s * h * d)
     with pytest.raises(CheckFailed, match="left out the latency"):
         check_tp_layer_time(lambda b, s, h, t, a, beta, d: 4 * 2 * (t - 1) / t * b * s * h * d / beta)
+
+
+def _sp_mlp(bias_before_sum=False, all_reduce=False):
+    from minidist.labs.tensor_checks import gelu
+
+    def fn(x_shard, w1, b1, w2, b2):
+        r, p = md.dist.get_rank(), md.dist.get_world_size()
+        x = np.empty((p * x_shard.shape[0], x_shard.shape[1]))
+        md.dist.all_gather_into_tensor(x, x_shard)
+        c = w1.shape[1] // p
+        h = gelu(x @ w1[:, r * c:(r + 1) * c] + b1[r * c:(r + 1) * c])
+        k = w2.shape[0] // p
+        part = h @ w2[r * k:(r + 1) * k] + (b2 if bias_before_sum else 0)
+        if all_reduce:
+            md.dist.all_reduce(part)
+            return part[r * x_shard.shape[0]:(r + 1) * x_shard.shape[0]] + b2
+        y = np.empty((x_shard.shape[0], w2.shape[1]))
+        md.dist.reduce_scatter_tensor(y, part)
+        return y if bias_before_sum else y + b2
+    return fn
+
+
+def test_sequence_parallel_mlp_wants_an_all_gather_and_a_reduce_scatter():
+    md.labs.check_sequence_parallel_mlp(_sp_mlp())
+    with pytest.raises(CheckFailed, match="bias was added before the sum"):
+        md.labs.check_sequence_parallel_mlp(_sp_mlp(bias_before_sum=True))
+    with pytest.raises(CheckFailed, match="reduce-scatter followed by an all-gather"):
+        md.labs.check_sequence_parallel_mlp(_sp_mlp(all_reduce=True))

@@ -69,6 +69,7 @@ from minidist.labs.tensor_checks import (
     check_column_parallel,
     check_megatron_mlp,
     check_row_parallel,
+    check_sequence_parallel_mlp,
     check_tp_layer_bytes,
     check_tp_layer_time,
 )

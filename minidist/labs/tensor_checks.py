@@ -239,3 +239,44 @@ def check_tp_layer_time(layer_time) -> None:
         return None
 
     check_cases("layer_time", layer_time, [(a, _ref_time(*a), h) for a, h in tcases], diagnose=tdiagnose)
+
+
+def check_sequence_parallel_mlp(fn) -> None:
+    """``fn(x_shard, w1, b1, w2, b2)``: rank r holds positions r s/p ... of x and returns the same positions of
+    ``gelu(x w1 + b1) w2 + b2``, with one all-gather before and one reduce-scatter after (no all-reduce)."""
+    for p in (2, 4):
+        rng = np.random.default_rng(40 + p)
+        s, d, f = 4 * p, 6, 16
+        x, w1, b1 = rng.normal(size=(s, d)), rng.normal(size=(d, f)), rng.normal(size=f)
+        w2, b2 = rng.normal(size=(f, d)), rng.normal(size=d)
+        want = gelu(x @ w1 + b1) @ w2 + b2
+        shards = np.split(x, p)
+        outs, trace, macs = _run("sequence_parallel_mlp", fn, p,
+                                 [(shards[r].copy(), _counted(w1), b1, _counted(w2), b2) for r in range(p)])
+        for r, got in enumerate(outs):
+            mine = want[r * s // p:(r + 1) * s // p]
+            if got.shape != mine.shape:
+                hint = ("each rank returns only its own positions, s/p rows: the reduce-scatter both sums the "
+                        "partial products and hands each rank its rows")
+                fail(f"sequence_parallel_mlp on {p} ranks: rank {r}'s result has the wrong shape", mine.shape,
+                     got.shape, hint)
+            if not np.allclose(got, mine, rtol=1e-10, atol=1e-12):
+                if np.allclose(got, mine + (p - 1) * b2):
+                    hint = "the second bias was added before the sum: every rank's copy of it was summed"
+                elif np.allclose(got, want[:s // p]) and r:
+                    hint = "rank r keeps positions r s/p to (r+1) s/p - 1 of the sum, not the first ones"
+                else:
+                    hint = ("gather every position first (the column-parallel layer needs the whole sequence), "
+                            "then column -> GELU -> row, and let the reduce-scatter sum the partial products")
+                fail(f"sequence_parallel_mlp on {p} ranks: rank {r}", mine[0, :3], got.reshape(-1)[:3], hint)
+        names = _collectives(trace)
+        if "all_reduce" in names or len(names) != 2:
+            fail(f"sequence_parallel_mlp on {p} ranks: collectives on rank 0", "an all-gather, a reduce-scatter",
+                 names, "an all-reduce is a reduce-scatter followed by an all-gather: split it, and let the "
+                        "positions stay sharded between the two")
+        if not ("gather" in names[0] and "reduce_scatter" in names[1]):
+            fail(f"sequence_parallel_mlp on {p} ranks: collectives on rank 0, in order",
+                 "an all-gather, then a reduce-scatter", names)
+        _check_share("sequence_parallel_mlp", p, macs, s * (d * f + f * d),
+                     "each rank multiplies the whole sequence by its columns of W1 and its rows of W2 only")
+    passed("sequence_parallel_mlp: all-gather -> column -> GELU -> row -> reduce-scatter (2 and 4 ranks)")
