@@ -52,3 +52,42 @@ def test_ring_check_rejects_library_collectives_and_accepts_the_ring(capsys):
 def test_a_sum_that_rebinds_a_chunk_is_told_to_add_in_place():
     with pytest.raises(CheckFailed, match=r"still hold its own input: the sums never reached x(.|\n)*only rebinds"):
         md.labs.check_ring_all_reduce(lambda x: ring_good(x, rebind=True))
+
+
+def _halving_doubling(x):
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    lo, hi, steps, d = 0, len(x), [], p // 2
+    while d >= 1:
+        peer, mid = r ^ d, (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if r < peer else ((mid, hi), (lo, mid))
+        incoming = np.empty(keep[1] - keep[0])
+        h = md.dist.isend(x[give[0]:give[1]], peer)
+        md.dist.recv(incoming, peer)
+        h.wait()
+        x[keep[0]:keep[1]] += incoming
+        steps.append((peer, keep, give))
+        lo, hi = keep
+        d //= 2
+    for peer, keep, give in reversed(steps):
+        h = md.dist.isend(x[keep[0]:keep[1]], peer)
+        md.dist.recv(x[give[0]:give[1]], peer)
+        h.wait()
+
+
+def _whole_buffer_doubling(x):
+    """Right sums, log2 p exchanges of the whole buffer: the tree's bandwidth term."""
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    d = 1
+    while d < p:
+        incoming = np.empty_like(x)
+        h = md.dist.isend(x.copy(), r ^ d)
+        md.dist.recv(incoming, r ^ d)
+        h.wait()
+        x += incoming
+        d *= 2
+
+
+def test_halving_doubling_check_accepts_the_algorithm_and_names_a_whole_buffer_exchange():
+    md.labs.check_halving_doubling_all_reduce(_halving_doubling)
+    with pytest.raises(CheckFailed, match="send the half you are giving up"):
+        md.labs.check_halving_doubling_all_reduce(_whole_buffer_doubling)

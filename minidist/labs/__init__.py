@@ -55,7 +55,12 @@ from minidist.labs.recompute_checks import (
     check_plan_recompute,
 )
 from minidist.labs.resilience_checks import check_expected_completion, check_reshard, check_young_daly
-from minidist.labs.ring_checks import check_collective_times, check_ring_all_reduce, check_ring_tree_crossover
+from minidist.labs.ring_checks import (
+    check_collective_times,
+    check_halving_doubling_all_reduce,
+    check_ring_all_reduce,
+    check_ring_tree_crossover,
+)
 from minidist.labs.roofline_checks import (
     check_accumulation_steps,
     check_attainable,

@@ -243,3 +243,41 @@ def check_ring_tree_crossover(fn: Callable[[int, float, float], float]) -> None:
             fail(f"crossover(p={p}, alpha={a:g}, beta={b:g})", want, got,
                  "set 2(p-1) a + 2(p-1)/p n/b equal to 2 log2(p) (a + n/b) and solve the linear equation for n")
     passed("crossover matches n* = 2 alpha beta (p - 1 - log2 p) / (2 log2 p - 2 (p-1)/p)")
+
+
+def check_halving_doubling_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6,
+                                      beta: float = 1e9) -> None:
+    """``fn(x)`` sums ``x`` in place across a power-of-two number of ranks by recursive halving (a reduce-scatter)
+    then recursive doubling (an all-gather), in the time ``2 log2(p) alpha + 2 (p-1)/p n / beta``."""
+    import minidist as md
+
+    for p, n in [(2, 8), (4, 16), (8, 64), (4, 4096), (8, 8192)]:
+        res = run_ranks("halving_doubling_all_reduce", _traced_ring, p, args=(fn, n),
+                        cluster=md.Cluster.uniform(alpha, beta))
+        library = sorted({e.name for e in res.trace.filter(stream="comm")
+                          if not e.name.startswith(("send", "recv", "barrier"))})
+        if library:
+            fail(f"halving_doubling_all_reduce on {p} ranks called a library collective",
+                 "only md.dist.isend / md.dist.recv", library, "build it from point-to-point exchanges")
+        want = sum(_encoded(r, p, n) for r in range(p))
+        compare_ranks("halving_doubling_all_reduce", [v[0] for v in res], [want] * p,
+                      context=f"on {p} ranks with n = {n}")
+        peers = sorted({dst for dst, _ in res[0][1]})
+        t = max(v[2] for v in res)
+        ideal = md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "halving_doubling")
+        if math.isclose(t, ideal, rel_tol=1e-9):
+            continue
+        sizes = [len(m) for _, m in res[0][1]]
+        if math.isclose(t, md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "tree"), rel_tol=1e-9) \
+                or (sizes and max(sizes) == n):
+            hint = ("a step that sends the whole buffer pays the tree's bandwidth: send the half you are giving "
+                    "up, and keep halving the part you are responsible for")
+        elif len(sizes) > 2 * int(math.log2(p)):
+            hint = (f"rank 0 sent {len(sizes)} messages; recursive halving and doubling need {int(math.log2(p))} "
+                    f"exchanges each, with partners at distance p/2, p/4, ..., 1 (rank XOR distance)")
+        else:
+            hint = ("rank 0 talked to ranks " + str(peers) + f"; its {len(sizes)} messages held {sizes} values: "
+                    "each halving step sends half of what is left, and the doubling steps retrace them backwards")
+        fail(f"halving_doubling_all_reduce on {p} ranks (n = {n} float64) is correct but its simulated time is off",
+             f"{ideal * 1e6:.3f} us", f"{t * 1e6:.3f} us", hint)
+    passed("halving_doubling_all_reduce: correct on 2, 4 and 8 ranks, in 2 log2(p) steps and the ring's bytes")
