@@ -89,3 +89,18 @@ def test_crossover_and_chunked_time():
         md.labs.check_chunked_time(lambda n, k, a, b: k * (a + n / b))
     with pytest.raises(CheckFailed, match="its own latency"):
         md.labs.check_chunked_time(lambda n, k, a, b: a + n / b)
+
+
+def test_relay_time_check_accepts_the_pipeline_and_names_the_whole_chain_in_series():
+    from functools import partial
+
+    from minidist.labs.alpha_beta_checks import _relay
+
+    md.labs.check_relay_time(_relay)
+    with pytest.raises(CheckFailed, match="while piece j crosses"):
+        md.labs.check_relay_time(partial(_relay, pipelined=False))
+    with pytest.raises(CheckFailed, match="the message sent whole"):
+        md.labs.check_relay_time(lambda n, k, links: _relay(n, 1, links))
+    # identical pieces in a chain: one crossing of every link plus k - 1 of the slowest is the same answer
+    md.labs.check_relay_time(lambda n, k, links: sum(a + n / k / b for a, b in links)
+                             + (k - 1) * max(a + n / k / b for a, b in links))

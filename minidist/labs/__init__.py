@@ -4,7 +4,13 @@ Each check runs the learner's function against a reference and raises :class:`Ch
 went wrong and a hint; on success it prints one line.
 """
 
-from minidist.labs.alpha_beta_checks import check_chunked_time, check_crossover, check_fit_alpha_beta, check_real_fit
+from minidist.labs.alpha_beta_checks import (
+    check_chunked_time,
+    check_crossover,
+    check_fit_alpha_beta,
+    check_real_fit,
+    check_relay_time,
+)
 from minidist.labs.capstone_checks import Design, check_design, check_gpus_for
 from minidist.labs.case_checks import check_implied_step, check_mla_kv_saving, check_receptive_field
 from minidist.labs.check import CheckFailed

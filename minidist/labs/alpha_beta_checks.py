@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, check_cases, fail, passed
+from minidist.labs.check import CheckFailed, attempt, check_cases, fail, number, passed
 
 
 def reference_fit(sizes, times) -> tuple[float, float]:
@@ -143,3 +143,42 @@ def check_chunked_time(fn: Callable[[float, int, float, float], float]) -> None:
         return None
 
     check_cases("chunked_time", fn, cases, diagnose=diagnose)
+
+
+def _relay(nbytes: float, k: int, links, *, pipelined: bool = True) -> float:
+    """k equal pieces cross the links in order, store-and-forward: a piece enters a link once it has crossed the
+    one before and the link has finished the previous piece (``pipelined=False``: whole pieces one at a time)."""
+    piece = nbytes / k
+    if not pipelined:
+        return k * sum(a + piece / b for a, b in links)
+    done = [0.0] * k
+    for a, b in links:
+        free = 0.0
+        for j in range(k):
+            free = max(free, done[j]) + a + piece / b
+            done[j] = free
+    return done[-1]
+
+
+def check_relay_time(fn: Callable) -> None:
+    """``fn(nbytes, k, links)``: seconds for ``nbytes`` in ``k`` pieces to cross a chain of (alpha, beta) links."""
+    cases = [(1e6, 1, [(1e-6, 1e10)]), (1e6, 4, [(1e-6, 1e10)]), (8e6, 8, [(2e-6, 5e10)] * 3),
+             (3e6, 5, [(1e-6, 4e11), (5e-6, 2.5e10), (1e-6, 4e11)]), (5e7, 16, [(3e-6, 1e11), (1e-5, 3e9)]),
+             (1e5, 10, [(4e-6, 2e10)] * 5), (2e7, 3, [(1e-6, 1e9), (1e-6, 8e9), (1e-6, 2e9), (1e-6, 4e9)])]
+    name = getattr(fn, "__name__", "relay_time")
+    name = name if name.isidentifier() else "relay_time"
+    for nbytes, k, links in cases:
+        call = f"{name}({nbytes:g}, k={k}, links={links})"
+        got = number(f"{call}: expected a number", attempt(name, fn, nbytes, k, list(links), shown=call))
+        want = _relay(nbytes, k, links)
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        hint = ("follow each piece: it enters a link when it has crossed the previous one AND the link has "
+                "finished the piece before it")
+        if math.isclose(got, _relay(nbytes, k, links, pipelined=False), rel_tol=1e-9):
+            hint = ("that moves one piece through the whole chain before the next starts: while piece j crosses "
+                    "link 2, piece j + 1 can already cross link 1")
+        elif math.isclose(got, _relay(nbytes, 1, links), rel_tol=1e-9):
+            hint = "that is the message sent whole: cut it into k pieces of nbytes / k, each paying its own alpha"
+        fail(f"{call} is wrong", want, got, hint)
+    passed(f"{name}: {len(cases)} chains of links, one to five hops, equal and unequal")
