@@ -21,3 +21,15 @@ def test_sandbox_mfu_accepts_the_fraction(capsys):
 def test_sandbox_mfu_rejects_with_a_hint(wrong, match):
     with pytest.raises(CheckFailed, match=match):
         md.labs.check_sandbox_mfu(wrong, **ARGS)
+
+
+def test_cheapest_fleet_accepts_the_reference_and_names_the_missing_all_reduce_and_deadline():
+    from functools import partial
+
+    from minidist.labs.economics_checks import _fleet
+
+    md.labs.check_cheapest_fleet(_fleet)
+    with pytest.raises(CheckFailed, match="add the gradient all-reduce"):
+        md.labs.check_cheapest_fleet(partial(_fleet, comm=False))
+    with pytest.raises(CheckFailed, match="finishes too late"):
+        md.labs.check_cheapest_fleet(partial(_fleet, deadline=False))

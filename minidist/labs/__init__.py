@@ -25,6 +25,7 @@ from minidist.labs.data_parallel_checks import (
 )
 from minidist.labs.economics_checks import (
     check_approx_params,
+    check_cheapest_fleet,
     check_memory_estimates,
     check_run_estimate,
     check_sandbox_mfu,

@@ -96,3 +96,62 @@ def check_sandbox_mfu(value: float, n_params: int, tokens: int, seconds: float, 
             hint = "close, but rounded: compute it from the numbers, do not type it in"
         fail("sandbox MFU", want, value, hint)
     passed(f"sandbox MFU = {want:.1%}")
+
+
+def _fleet(params, tokens, batch_tokens, options, deadline_days, peak, mfu, price, alpha, beta, *, comm=True,
+           deadline=True):
+    """The reference: for each GPU count, a step is the compute share plus one ring all-reduce of the bf16
+    gradients (not overlapped); the cheapest count that meets the deadline, as (gpus, days, dollars), or None."""
+    best = None
+    for p in options:
+        step = 6 * params * batch_tokens / (p * peak * mfu)
+        if comm and p > 1:
+            step += 2 * (p - 1) * alpha + 2 * (p - 1) / p * 2 * params / beta
+        days = tokens / batch_tokens * step / 86400
+        dollars = p * days * 24 * price
+        if (days <= deadline_days or not deadline) and (best is None or dollars < best[2]):
+            best = (p, days, dollars)
+    return best
+
+
+def check_cheapest_fleet(fn: Callable) -> None:
+    """``fn(params, tokens, batch_tokens, options, deadline_days, peak, mfu, price, alpha, beta)``."""
+    base = dict(params=30e9, tokens=600e9, batch_tokens=4 * 2**20, peak=989e12, mfu=0.4, price=4.0, alpha=5e-6,
+                beta=50e9)
+    cases = [dict(base, options=[64, 128, 256, 512, 1024], deadline_days=60.0),
+             dict(base, options=[64, 128, 256, 512, 1024], deadline_days=12.0),
+             dict(base, options=[64, 128], deadline_days=5.0),  # nothing is fast enough
+             dict(base, params=7e9, tokens=1.4e12, options=[8, 32, 128, 512, 2048], deadline_days=20.0, beta=25e9),
+             dict(base, params=70e9, tokens=1.4e12, options=[512, 1024, 2048, 4096, 8192], deadline_days=45.0,
+                  mfu=0.35, price=2.5),
+             dict(base, params=1e9, tokens=2e10, options=[1, 2, 4, 8, 16], deadline_days=3.0, beta=10e9)]
+    keys = ("params", "tokens", "batch_tokens", "options", "deadline_days", "peak", "mfu", "price", "alpha", "beta")
+    name = getattr(fn, "__name__", "cheapest_fleet")
+    name = name if name.isidentifier() else "cheapest_fleet"
+    for case in cases:
+        args = tuple(case[k] for k in keys)
+        call = (f"{name}(params={case['params']:g}, tokens={case['tokens']:g}, options={case['options']}, "
+                f"deadline_days={case['deadline_days']:g}, mfu={case['mfu']}, beta={case['beta']:g})")
+        got = attempt(name, fn, *args, shown=call)
+        want = _fleet(*args)
+        if want is None:
+            if got is not None:
+                fail(f"{call}: no GPU count meets the deadline", None, got,
+                     "when no option finishes in time, return None")
+            continue
+        if got is None:
+            fail(f"{call} returned None", want, None, f"{want[0]} GPUs finish in {want[1]:.1f} days")
+        p, days, dollars = numbers_of(call, got, ("gpus", "days", "dollars"))
+        if int(p) == want[0] and math.isclose(days, want[1], rel_tol=1e-6) and math.isclose(dollars, want[2],
+                                                                                            rel_tol=1e-6):
+            continue
+        hint = ("for every GPU count: a step's compute share plus one ring all-reduce of the 2-byte gradients, "
+                "then days and dollars; keep the cheapest count that finishes by the deadline")
+        if _fleet(*args, comm=False) and int(p) == _fleet(*args, comm=False)[0] and \
+                math.isclose(days, _fleet(*args, comm=False)[1], rel_tol=1e-6):
+            hint = ("without communication every GPU count costs the same GPU-hours: add the gradient all-reduce "
+                    "to each step (2 (p-1) alpha + 2 (p-1)/p of the gradient bytes over beta)")
+        elif _fleet(*args, deadline=False) and int(p) == _fleet(*args, deadline=False)[0]:
+            hint = "that option is the cheapest but finishes too late: only counts that meet the deadline qualify"
+        fail(f"{call} is wrong", want, (p, days, dollars), hint)
+    passed(f"{name}: {len(cases)} runs, with and without a feasible fleet")
