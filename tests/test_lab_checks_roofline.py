@@ -53,3 +53,17 @@ def test_dp_network_intensity_names_the_slip(wrong, match):
     with pytest.raises(CheckFailed, match=match):
         md.labs.check_dp_network_intensity(wrong)
     md.labs.check_dp_network_intensity(lambda psi, b, p, s: 3 * b / (p * s))
+
+
+def test_tiled_intensity_check_accepts_the_blocks_and_names_each_slip():
+    from functools import partial
+
+    from minidist.labs.roofline_checks import _tiled
+
+    md.labs.check_tiled_intensity(_tiled)
+    with pytest.raises(CheckFailed, match="C is written once|written too"):
+        md.labs.check_tiled_intensity(partial(_tiled, output=False))
+    with pytest.raises(CheckFailed, match="the last blocks are smaller"):
+        md.labs.check_tiled_intensity(partial(_tiled, edges=False))
+    with pytest.raises(CheckFailed, match="untiled ideal"):
+        md.labs.check_tiled_intensity(lambda m, n, k, t, b: 2 * m * n * k / (b * (m * k + k * n + m * n)))

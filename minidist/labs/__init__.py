@@ -73,6 +73,7 @@ from minidist.labs.roofline_checks import (
     check_attainable,
     check_dp_network_intensity,
     check_matmul_intensity,
+    check_tiled_intensity,
 )
 from minidist.labs.sandbox_checks import check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from minidist.labs.check import CheckFailed, check_cases, fail, passed
+from minidist.labs.check import CheckFailed, attempt, check_cases, fail, number, passed
 
 
 def check_matmul_intensity(fn: Callable[[int, int, int, int], float]) -> None:
@@ -113,3 +113,39 @@ def check_accumulation_steps(a, compute_ms: float | None = None, comm_ms: float 
         return
     want = _judge_accumulation(a, compute_ms, comm_ms)
     passed(f"accumulate {want} micro-batches: {want * compute_ms:.0f} ms of compute hides {comm_ms:.0f} ms of comm")
+
+
+def _tiled(m: int, n: int, k: int, tile: int, b: int, *, output: bool = True, edges: bool = True) -> float:
+    """FLOP per byte moved below the tile buffer: each block of C (at most tile x tile) streams its rows of A and
+    its columns of B once through k and is written once (``output=False``/``edges=False``: usual slips)."""
+    if edges:
+        rows = [min(tile, m - i) for i in range(0, m, tile)]
+        cols = [min(tile, n - j) for j in range(0, n, tile)]
+    else:
+        rows, cols = [tile] * math.ceil(m / tile), [tile] * math.ceil(n / tile)
+    reads = sum(r * k + k * c for r in rows for c in cols)
+    return 2 * m * n * k / (b * (reads + (m * n if output else 0)))
+
+
+def check_tiled_intensity(fn: Callable[[int, int, int, int, int], float]) -> None:
+    """``fn(m, n, k, tile, bytes_per_element)``: the arithmetic intensity of a matmul computed in tiles."""
+    cases = [(256, 256, 256, 64, 4), (1024, 512, 2048, 128, 2), (300, 200, 100, 64, 4), (4096, 4096, 4096, 1, 2),
+             (96, 4096, 512, 128, 2), (8192, 8192, 8192, 8192, 2), (1000, 1000, 1000, 96, 1)]
+    name = getattr(fn, "__name__", "tiled_intensity")
+    name = name if name.isidentifier() else "tiled_intensity"
+    for m, n, k, tile, b in cases:
+        got = attempt(name, fn, m, n, k, tile, b)
+        got = number(f"{name}{(m, n, k, tile, b)}: expected a number", got)
+        want = _tiled(m, n, k, tile, b)
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        hint = ("count the bytes block by block: a block of C needs its rows of A and its columns of B, all k of "
+                "them, once; then C is written once")
+        if math.isclose(got, _tiled(m, n, k, tile, b, output=False), rel_tol=1e-9):
+            hint = "the result is written too: m n elements of C go back to memory once"
+        elif math.isclose(got, _tiled(m, n, k, tile, b, edges=False), rel_tol=1e-9):
+            hint = "when the tile does not divide m or n the last blocks are smaller: they read only their own rows"
+        elif math.isclose(got, 2 * m * n * k / (b * (m * k + k * n + m * n)), rel_tol=1e-9):
+            hint = "that is the untiled ideal (every operand read once): with tiles, A and B are read again per block"
+        fail(f"{name}{(m, n, k, tile, b)} is wrong", want, got, hint)
+    passed(f"{name}: {len(cases)} matmuls, tiles that divide and tiles that do not")
