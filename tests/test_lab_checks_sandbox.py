@@ -93,3 +93,33 @@ def test_shift_right_names_the_rank_and_the_mistake():
 def test_shift_right_explains_a_deadlock():
     with pytest.raises(CheckFailed, match="never finished.*\n.*deadlock"):
         md.labs.check_shift_right(shift_deadlock, world_sizes=(2,), timeout=0.5)
+
+
+def _direct(x, rebind=False, library=False):
+    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    if library:
+        md.dist.all_reduce(x)
+        return
+    if r == 0:
+        incoming = np.empty_like(x)
+        for src in range(1, p):
+            md.dist.recv(incoming, src)
+            if rebind:
+                x = x + incoming
+            else:
+                x += incoming
+        for dst in range(1, p):
+            md.dist.send(x, dst)
+    else:
+        md.dist.send(x, 0)
+        md.dist.recv(x, 0)
+
+
+def test_direct_all_reduce_check_accepts_send_recv_and_rejects_the_library_and_a_rebound_buffer():
+    from functools import partial
+
+    md.labs.check_direct_all_reduce(_direct)
+    with pytest.raises(CheckFailed, match="write it from md.dist.send"):
+        md.labs.check_direct_all_reduce(partial(_direct, library=True))
+    with pytest.raises(CheckFailed, match="in place"):
+        md.labs.check_direct_all_reduce(partial(_direct, rebind=True))

@@ -75,7 +75,7 @@ from minidist.labs.roofline_checks import (
     check_matmul_intensity,
     check_tiled_intensity,
 )
-from minidist.labs.sandbox_checks import check_send_time, check_shift_right
+from minidist.labs.sandbox_checks import check_direct_all_reduce, check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
 from minidist.labs.search_checks import check_divisible, check_dp_comm_ratio, check_search, check_state_bytes
 from minidist.labs.tensor_checks import (
