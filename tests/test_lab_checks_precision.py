@@ -89,3 +89,33 @@ def test_a_crash_or_a_wrong_return_is_named_with_its_call():
     with pytest.raises(CheckFailed, match=r"loss_scale_update\(65536.0, False, 0, 3\) raised ZeroDivisionError"):
         md.labs.check_loss_scale_update(lambda s, inf, c, n: 1 / 0)
     md.labs.check_loss_scale_update(lambda *a: list(_update(*a)))  # a list is as good as a tuple
+
+
+
+def _step(ops, precision, gpu, matmul_fp8=1, other_fp8=(2, "bf16"), shrink=True, master=True, combine=max):
+    """The reference, with a switch for each slip a learner makes."""
+    total = 0.0
+    for name, flops, nbytes in ops:
+        if precision == "fp32" or (master and name == "optimizer.step"):
+            size, peak = 4, "fp32"
+        elif name.startswith("matmul"):
+            size, peak = (matmul_fp8 if precision == "fp8" else 2), precision
+        else:
+            size, peak = other_fp8 if precision == "fp8" else (2, precision)
+        total += combine(flops / gpu.peak(peak), nbytes * (size if shrink else 4) / 4 / gpu.hbm_bw)
+    return total
+
+
+def test_step_time_names_what_each_slip_leaves_out(capsys):
+    md.labs.check_step_time(_step)
+    assert "ok: step_time" in capsys.readouterr().out
+    slips = {"a memory-bound op gains as much": dict(shrink=False),  # the old clock: the peak, fp32's bytes
+             "fp32 master copy": dict(master=False),
+             "the other ops stay in bf16": dict(other_fp8=(1, "fp8")),
+             "1-byte operands": dict(matmul_fp8=2),
+             "the slower of the two": dict(combine=lambda a, b: a + b)}
+    for hint, kw in slips.items():
+        with pytest.raises(CheckFailed, match=hint):
+            md.labs.check_step_time(lambda ops, p, g, kw=kw: _step(ops, p, g, **kw))
+    with pytest.raises(CheckFailed, match="not done yet"):
+        md.labs.check_step_time(lambda *a: (_ for _ in ()).throw(NotImplementedError))

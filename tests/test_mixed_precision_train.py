@@ -66,3 +66,41 @@ def test_bad_precision_arguments_are_named():
         train(CFG, precision="fp16", loss_scale=-1.0)
     with pytest.raises(ValueError, match="not supported yet"):
         train(CFG, precision="fp16", checkpoint_dir="/tmp/never-written")
+
+
+def test_the_clock_charges_the_formats_bytes_and_peaks_so_fp8_gains_only_where_products_dominate():
+    # Every op of the forward and backward moves 2-byte tensors (fp8's products 1-byte operands at fp8's peak),
+    # the update of the fp32 master copy keeps fp32: the step predicted from the fp32 run's ops is the one measured.
+    gpu = md.Cluster().gpu
+
+    def predict(ops, precision):
+        total = 0.0
+        for name, flops, nbytes in ops:
+            matmul = name.startswith("matmul")
+            size, peak = ((4, "fp32") if name == "optimizer.step" else (1, "fp8") if matmul and precision == "fp8"
+                          else (2, precision if matmul or precision != "fp8" else "bf16"))
+            total += max(flops / gpu.peak(peak), nbytes * size / 4 / gpu.hbm_bw)
+        return total
+
+    gains = {}
+    for d in (32, 1024):
+        cfg = md.GPTConfig(vocab_size=64, seq_len=128, d_model=d, n_layers=1, n_heads=d // 32)
+        run = dict(steps=1, global_batch=32, dtype="float32", shape_only=True, backend="inprocess")
+        fp32 = train(cfg, **run)
+        ops = [(e.name, e.flops, e.nbytes) for e in fp32.trace.filter(rank=0, stream="compute")]
+        times = {p: train(cfg, precision=p, **run).time[-1] for p in ("bf16", "fp8")}
+        for p, t in times.items():
+            assert t == pytest.approx(predict(ops, p), rel=1e-9)
+        gains[d] = (fp32.time[-1] / times["bf16"], times["bf16"] / times["fp8"])
+    assert gains[32][0] > 2.0 and gains[32][1] < 1.2  # memory-bound: the bytes halve, fp8's peak buys little
+    assert gains[1024][0] > 5.0 and gains[1024][1] > 1.2 > gains[32][1]  # the products dominate: the peaks show
+
+
+def test_bf16_gradients_halve_the_data_parallel_traffic():
+    cfg = md.GPTConfig(vocab_size=64, seq_len=64, d_model=128, n_layers=1, n_heads=4)
+    run = dict(steps=1, global_batch=8, dtype="float32", shape_only=True, backend="inprocess")
+    sent = {p: train(cfg, ParallelConfig(dp=2), precision=p, **run).comm_bytes[-1] for p in (None, "bf16", "fp8")}
+    assert sent["bf16"] == sent["fp8"] == [b / 2 for b in sent[None]]
+    half = train(md.GPTConfig(**{**vars(cfg), "dtype": "float16"}), ParallelConfig(dp=2), precision="bf16",
+                 **{**run, "dtype": "float16"}).comm_bytes[-1]
+    assert half == sent["bf16"]  # a 2-byte working dtype already sends 2 bytes a number: nothing to scale

@@ -35,6 +35,8 @@ class Clock:
         self._routes: dict[int, tuple] = {}  # dst -> (cluster, alpha, beta, trace name)
         self._peaks: dict[object, float] = {}
         self.slowdown = 1.0  # a straggler's compute takes this many times longer (fault injection)
+        # bytes on the wire per byte of the array sent: mixed precision sends 2-byte numbers that numpy holds in 4
+        self.wire_scale = 1.0
 
     # -- time ------------------------------------------------------------------------------
     def now(self) -> float:
@@ -92,6 +94,8 @@ class Clock:
         if route is None or route[0] is not self.cluster:  # small messages are common: look the link up once
             l = self.cluster.link(self.rank, dst)
             route = self._routes[dst] = (self.cluster, l.alpha, l.beta, f"{self.rank}->{dst}")
+        if self.wire_scale != 1.0:
+            nbytes = nbytes * self.wire_scale
         free = self._link_free.get(dst, 0.0)
         start = ready if ready > free else free
         arrival = start + route[1] + nbytes / route[2]

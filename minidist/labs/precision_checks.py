@@ -1,5 +1,6 @@
 """Checks for lab 21, reduced precision (book chapter 30): a format's largest number, rounding to nearest
-even with subnormals, and the dynamic loss-scaling rule, each against ``md.precision``."""
+even with subnormals, the dynamic loss-scaling rule, each against ``md.precision``, and the time of a
+mixed-precision step against the charges of ``md.parallel.train(precision=...)``."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import attempt, check_cases, fail, passed
+from minidist.labs.check import attempt, check_cases, fail, number, passed
 from minidist.precision import FORMATS, Format, cast, representable
 
 
 def check_max_finite(fn: Callable[[int, int, bool], float]) -> None:
     """``fn(exponent_bits, mantissa_bits, ieee)``: the largest finite number of the format."""
-    shapes = [(8, 23, True), (8, 7, True), (5, 10, True), (4, 3, False), (5, 2, True), (4, 3, True), (3, 2, True),
-              (5, 2, False), (6, 9, True)]
+    # formats the notebook never prints: the page's table shows fp32, bf16, fp16, E4M3 and E5M2
+    rng = np.random.default_rng(21)
+    named = {(8, 23, True), (8, 7, True), (5, 10, True), (4, 3, False), (5, 2, True)}
+    drawn = [(int(e), int(m), bool(i)) for e, m, i in zip(rng.integers(3, 12, 40), rng.integers(1, 24, 40),
+                                                         rng.integers(0, 2, 40))]
+    shapes = [(4, 3, True), (5, 2, False), (3, 2, True)] + [s for s in dict.fromkeys(drawn) if s not in named][:9]
     cases = [((e, m, ieee), Format("f", e, m, ieee).max, "all mantissa bits set, at the largest exponent")
              for e, m, ieee in shapes]
 
@@ -81,8 +86,12 @@ def _scaler(scale: float, found_inf: bool, clean: int, growth_interval: int) -> 
 
 def check_loss_scale_update(fn: Callable[[float, bool, int, int], tuple]) -> None:
     """``fn(scale, found_inf, clean_steps, growth_interval) -> (scale, clean_steps, step)``."""
-    cases = [(2.0**16, False, 0, 3), (2.0**16, False, 1, 3), (2.0**16, False, 2, 3), (2.0**16, True, 2, 3),
-             (2.0**10, True, 0, 1000), (1.0, False, 999, 1000), (8.0, False, 0, 1)]
+    rng = np.random.default_rng(2130)  # scales, counts and intervals the page does not show
+    cases = [(2.0**16, False, 0, 3), (2.0**10, True, 0, 1000), (1.0, False, 999, 1000), (8.0, False, 0, 1)]
+    for _ in range(12):
+        n = int(rng.integers(1, 50))
+        cases.append((2.0 ** int(rng.integers(-4, 30)), bool(rng.random() < 0.3), int(rng.integers(0, n)), n))
+    cases += [(2.0**7, False, n - 1, n) for n in (5, 17)]
     for args in cases:
         want = _scaler(*args)
         got = attempt("loss_scale_update", fn, *args)
@@ -98,3 +107,72 @@ def check_loss_scale_update(fn: Callable[[float, bool, int, int], tuple]) -> Non
                 hint = f"after {n} clean steps in a row the scale doubles and the count starts again"
             fail(f"loss_scale_update{args}", want, got, hint)
     passed(f"loss_scale_update: {len(cases)} cases")
+
+
+# How md.parallel.train charges an op of a float32 run under each precision: (bytes per element, peak) for the
+# matrix products and for the other ops; the optimizer's update of the fp32 master copy keeps fp32 throughout.
+_CHARGES = {"fp32": ((4, "fp32"), (4, "fp32")), "bf16": ((2, "bf16"), (2, "bf16")),
+            "fp16": ((2, "fp16"), (2, "fp16")), "fp8": ((1, "fp8"), (2, "bf16"))}
+
+
+def _step_time(ops, precision, gpu, charges=_CHARGES, optimizer_fp32=True, combine=max) -> float:
+    total = 0.0
+    for name, flops, nbytes in ops:
+        kind = "fp32" if optimizer_fp32 and name == "optimizer.step" else precision
+        size, peak = charges[kind][0 if name.startswith("matmul") else 1]
+        total += combine(flops / gpu.peak(peak), nbytes * size / 4 / gpu.hbm_bw)
+    return total
+
+
+_NAMES = ("matmul", "matmul.backward", "softmax", "layer_norm.backward", "gelu", "add", "embedding",
+          "scaled_dot_product_attention", "cross_entropy", "optimizer.step")
+
+
+def _ops(rng: np.random.Generator, n: int) -> list[tuple[str, float, float]]:
+    """A float32 run's compute events: products from memory-bound to compute-bound, cheap elementwise ops."""
+    ops = []
+    for _ in range(n):
+        name = _NAMES[int(rng.integers(len(_NAMES)))]
+        nbytes = 4.0 * float(rng.integers(1, 64)) * 2.0 ** int(rng.integers(12, 24))
+        intensity = 2.0 ** rng.uniform(3, 11) if name.startswith("matmul") else 2.0 ** rng.uniform(-3, 2)
+        ops.append((name, float(np.floor(nbytes * intensity)), nbytes))
+    return ops
+
+
+def check_step_time(fn: Callable[[list, str, object], float]) -> None:
+    """``fn(ops, precision, gpu)``: simulated seconds of the ops of a float32 run, each ``(name, flops, bytes)``,
+    charged as ``md.parallel.train(precision=...)`` charges them ("fp32": as they are)."""
+    from minidist.hardware.specs import gpu as gpu_named
+
+    rng = np.random.default_rng(2131)
+    trials = [(_ops(rng, int(rng.integers(1, 30))), p, g) for g in ("H100-80GB-SXM", "A100-80GB-SXM")
+              for p in ("fp32", "bf16", "fp16", "fp8") if not (p == "fp8" and g.startswith("A100"))
+              for _ in range(3)]
+    trials.insert(0, ([("optimizer.step", 0.0, 4e6), ("gelu", 1e6, 8e6)], "bf16", "H100-80GB-SXM"))
+    trials.insert(0, ([("matmul", 2e12, 6e8)], "fp8", "H100-80GB-SXM"))
+    wrong = {
+        "the format also shrinks the tensors an op reads and writes: a memory-bound op gains as much as a product":
+            dict(charges={k: ((4, a[1]), (4, b[1])) for k, (a, b) in _CHARGES.items()}),
+        "the optimizer updates the fp32 master copy and its moments: that op keeps fp32's bytes and peak":
+            dict(optimizer_fp32=False),
+        "in the fp8 recipe only the products take 1-byte operands at fp8's peak; the other ops stay in bf16":
+            dict(charges={**_CHARGES, "fp8": ((1, "fp8"), (1, "fp8"))}),
+        "fp8 products read 1-byte operands, not bf16's 2":
+            dict(charges={**_CHARGES, "fp8": ((2, "fp8"), (2, "bf16"))}),
+        "the arithmetic and the memory traffic of one op overlap: it lasts as long as the slower of the two":
+            dict(combine=lambda a, b: a + b),
+    }
+    for ops, precision, name in trials:
+        g = gpu_named(name)
+        want = _step_time(ops, precision, g)
+        shown = f"step_time(<{len(ops)} ops>, {precision!r}, {name})"
+        got = number(shown, attempt("step_time", fn, ops, precision, g, shown=shown))
+        if not np.isclose(got, want, rtol=1e-9, atol=0):
+            hint = next((h for h, kw in wrong.items() if np.isclose(got, _step_time(ops, precision, g, **kw),
+                                                                     rtol=1e-9, atol=0)), None)
+            if hint is None and np.isclose(got, want * 1e6, rtol=1e-6):
+                hint = "give seconds, not microseconds"
+            fail(f"{shown} with ops {ops[:3]}{' ...' if len(ops) > 3 else ''}", want, got,
+                 hint or "charge each op by the roofline, with the bytes per element and the peak its kind has "
+                         "in the recipe")
+    passed(f"step_time: {len(trials)} op lists on H100 and A100")

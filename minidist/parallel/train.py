@@ -116,6 +116,7 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         costs = layer_costs(model, x, y)
     opt = FlatOptimizer(optimizer, **hyper)
     mp = mp or MixedPrecision()
+    clock.wire_scale = mp.wire_scale(model_config.dtype)
     par = parallelize(model, mesh, pc, opt, mp.state_bytes(model_config.dtype, optimizer), costs)
     scaler = mp.scaler()
     reducer = par.reducer
@@ -195,9 +196,10 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     start without one), at most ``max_restarts`` times, and the result counts the simulated time lost.
 
     Mixed precision (chapter 30): ``precision`` ("bf16", "fp16" or "fp8") runs the matrix products in that format
-    over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges the
-    format's peak; ``loss_scale`` (default dynamic for fp16) scales the loss, and a step any rank's gradient
-    overflowed is skipped by all (``loss_scales``, ``skipped_steps`` in the result).
+    over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges each op
+    the format's bytes and peak (``mixed_precision.CHARGES``); ``loss_scale`` (default dynamic for fp16) scales the
+    loss, and a step any rank's gradient overflowed is skipped by all (``loss_scales``, ``skipped_steps`` in the
+    result).
 
     ``backend="mpi"`` runs the ranks under ``mpiexec`` (``md.launch``): the same losses and weights, bitwise;
     ``backend="inprocess"`` runs them as threads of this process taking turns, bitwise the same too.
@@ -239,8 +241,6 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     hyper = {"lr": lr, "weight_decay": weight_decay}
     hyper.update({"betas": tuple(betas), "eps": eps} if optimizer == "adamw" else {"momentum": momentum})
     cluster = Cluster() if cluster is None else cluster
-    if mp.active:
-        cluster = replace(cluster, compute_dtype=mp.compute_dtype(cluster))
     plan = None
     if checkpoint_dir is not None or checkpoint_every is not None:
         every_ok = checkpoint_every is None or (isinstance(checkpoint_every, int) and checkpoint_every >= 1)
@@ -256,7 +256,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     if faults is not None:
         faults.check(pc.world_size)
     check_shape_only(cfg, pc, global_batch, shape_only, representatives, backend,
-                     faults is not None or restart or plan is not None or mp.scaler() is not None)
+                     (faults is not None and not faults.timing_only) or restart or plan is not None
+                     or mp.scaler() is not None)
     represent = mesh_representatives(pc).__getitem__ if representatives else None
     if resume and checkpoint_dir is None:
         raise ValueError("parallel.train: resume=True needs checkpoint_dir")

@@ -16,7 +16,8 @@ def plot_pipeline(trace, ax=None, title: str | None = None, unit: str = "ms", la
     """Draw the ``pipeline`` events of ``trace`` as one row per stage; returns the axes.
 
     ``unit``: "s", "ms", "us", or "" for the raw numbers (a simulation in units of a forward).
-    Later chunks of an interleaved schedule are drawn lighter; the title gives the measured bubble.
+    Later chunks of an interleaved or V schedule are drawn lighter and labelled ``mb.chunk`` (``3.1``: micro-batch 3,
+    chunk 1); the title gives the measured bubble.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -35,6 +36,7 @@ def plot_pipeline(trace, ax=None, title: str | None = None, unit: str = "ms", la
     t0 = min(e.start for e in evs)
     shortest = min(e.end - e.start for e in evs) * scale
     span = (max(e.end for e in evs) - t0) * scale
+    chunked = any(Action.parse(e.name).chunk for e in evs)  # name the chunk too, or "3" would be two boxes
     for e in evs:
         a = Action.parse(e.name)
         y = ranks.index(e.rank)
@@ -42,7 +44,8 @@ def plot_pipeline(trace, ax=None, title: str | None = None, unit: str = "ms", la
         ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=COLORS[a.op], edgecolor="k", lw=0.4,
                        alpha=1.0 / (1 + 0.6 * a.chunk))
         if labels and w >= 0.015 * span and w >= 0.9 * shortest:
-            ax.text(x + w / 2, y, str(a.mb), ha="center", va="center", fontsize=7, color="white")
+            ax.text(x + w / 2, y, f"{a.mb}.{a.chunk}" if chunked else str(a.mb), ha="center", va="center",
+                    fontsize=6 if chunked else 7, color="white" if a.chunk == 0 else "black")
     used = sorted({Action.parse(e.name).op for e in evs}, key="FBIW".index)
     ax.legend(handles=[Patch(color=COLORS[o], label=LABELS[o]) for o in used], fontsize=8, loc="upper left",
               bbox_to_anchor=(1.0, 1.0))
