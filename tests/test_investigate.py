@@ -72,3 +72,46 @@ def test_oversubscription_slows_only_the_links_between_nodes():
     assert c.link(1, 2).beta == md.Cluster().inter_link.beta / 4
     with pytest.raises(ValueError, match="oversubscription"):
         md.Cluster(oversubscription=0.5)
+
+
+@pytest.mark.parametrize("cause", md.profiling.CAUSES)
+def test_a_mystery_run_carries_the_fault_its_seed_draws(cause):
+    m = md.profiling.mystery_run(5, cause)
+    kind, subject, remedy = m.reveal()
+    assert kind == cause and remedy in md.profiling.REMEDIES and 2 <= m.world_size <= 8
+    assert len(m.run.windows) == m.world_size and "predicted" in repr(m) and cause not in repr(m)
+    slower = m.run.time[-1] / m.predicted_step
+    if cause in ("straggler", "slow link"):  # broken hardware: slower than the estimate of the layout
+        assert slower > 1.2
+    else:  # the configuration's own cost (or no time at all): the estimate has it already
+        assert slower == pytest.approx(1.0, rel=1e-9)
+    peaks = m.run.peak_memory
+    if cause == "memory spike":
+        assert peaks[subject] > 1.2 * min(peaks) and sorted(peaks)[-2] == min(peaks)
+    if cause == "slow link":
+        assert md.profiling.slow_links(m.run.trace) == [subject]
+
+
+def test_mystery_runs_are_drawn_from_the_seed():
+    kinds = [md.profiling.mystery_run(s).reveal()[0] for s in (2, 18, 7, 8, 3, 12)]  # lab 23's runs A to F
+    assert sorted(kinds) == sorted(md.profiling.CAUSES)
+    assert md.profiling.mystery_run(3).reveal() == md.profiling.mystery_run(3).reveal()
+    with pytest.raises(ValueError, match="cause must be one of"):
+        md.profiling.mystery_run(1, "gremlins")
+
+
+def test_a_memory_spike_is_held_through_the_step_on_one_rank_only():
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
+    kw = dict(steps=2, global_batch=8, backend="inprocess", shape_only=True)  # timing-only faults run shape-only
+    plain = train(cfg, ParallelConfig(dp=2), **kw)
+    spiked = train(cfg, ParallelConfig(dp=2), faults=Faults(spike={1: 1e6}), **kw)
+    assert spiked.peak_memory[0] == plain.peak_memory[0]
+    assert spiked.peak_memory[1] == pytest.approx(plain.peak_memory[1] + 1e6)
+    assert spiked.time == plain.time and spiked.peak_breakdown[1]["buffers"] >= 1e6
+    assert Faults(slow={1: 2.0}, spike={0: 1.0}).timing_only and not Faults(kill=((0, 1),)).timing_only
+    with pytest.raises(ValueError, match="spike maps a rank"):
+        Faults(spike={0: -1.0})
+    with pytest.raises(ValueError, match="outside the 2 ranks"):
+        train(cfg, ParallelConfig(dp=2), faults=Faults(spike={2: 1.0}), **kw)
+    with pytest.raises(ValueError, match="cannot checkpoint, restart"):
+        train(cfg, ParallelConfig(dp=2), faults=Faults(kill=((0, 1),)), **kw)

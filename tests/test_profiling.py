@@ -167,3 +167,13 @@ def test_the_memory_timeline_reaches_the_ledger_peak_and_shows_zero3_gathering()
         return sum(b1 > b0 for (_, b0), (_, b1) in zip(timeline, timeline[1:]))
 
     assert rises(zero3.memory_timeline[0]) > rises(ddp.memory_timeline[0])  # a gather before every use
+
+
+def test_the_collective_table_of_one_step():
+    from minidist.profiling import collective_table
+
+    r = train(CFG, ParallelConfig(dp=2, bucket_bytes=2000), steps=2, global_batch=8)
+    every = collective_table(r.trace, 0, 2)
+    last = collective_table(r.trace, 0, 2, window=r.windows[0][-1])
+    assert 0 < len(last) < len(every) and {x["name"] for x in last} == {"all_reduce"}  # not the first broadcast
+    assert [x["bytes"] for x in last] == [x["bytes"] for x in every[-len(last):]]

@@ -56,6 +56,7 @@ class RankCheckpointer:
         self.fail_at = arrival[0] if arrival is not None and arrival[1] == self.rank else None
         if faults is not None:
             clock.slowdown = float(faults.slow.get(self.rank, 1.0))
+        self.spike = float(faults.spike.get(self.rank, 0.0)) if faults is not None else 0.0
         self.in_place = faults is not None and faults.in_place
         if self.in_place and (plan is None or plan.every is None):
             raise ValueError("parallel.train: Faults(in_place=True) rolls back to checkpoints: give checkpoint_dir "
@@ -73,12 +74,16 @@ class RankCheckpointer:
     def before_step(self, step: int) -> None:
         if step in self.kills:
             self._die(step, self.clock.now(), "killed")
+        if self.spike:  # held from before the step starts to after it ends: the step's peak carries it
+            dist.memory().alloc("buffers", self.spike)
         if self.faults is not None and self.faults.hang.get(self.rank) == step:
             while True:  # a hang: no error, no progress; only the peers' timeout can end the run
                 time.sleep(0.05)
 
     def after_step(self, step: int) -> bool:
         """Fail here if the fault plan says so; True means "roll back" (an in-place failure)."""
+        if self.spike:
+            dist.memory().free("buffers", self.spike)
         if self.fail_at is not None and self.clock.now() >= self.fail_at:
             self._die(step, self.fail_at, "MTBF failure")
         if not self.in_place:
@@ -88,10 +93,17 @@ class RankCheckpointer:
             dist.all_reduce(now, op=dist.ReduceOp.MAX)
         return bool(now[0] >= self.next_fail)
 
+    def _struck(self) -> bool:
+        """Has the next in-place failure arrived? The same answer on every rank: the latest clock decides."""
+        now = np.array([self.clock.now()])
+        if self.world > 1:
+            dist.all_reduce(now, op=dist.ReduceOp.MAX)
+        return bool(now[0] >= self.next_fail)
+
     def start(self, step: int, shared: dict, extra: dict) -> None:
         """In-place failures roll back to a checkpoint: there is always one, from the first step on."""
         if self.in_place and step not in committed(self.plan.root):
-            self.save(step, shared, extra)
+            self.save(step, shared, extra, may_fail=False)  # the run's first checkpoint: its starting point
 
     def rollback(self, par, optimizer, rng) -> int:
         """An in-place failure at ``next_fail``: the work since the last published checkpoint is lost; every
@@ -127,9 +139,10 @@ class RankCheckpointer:
     def due(self, step_done: int) -> bool:
         return self.plan is not None and self.plan.every is not None and step_done % self.plan.every == 0
 
-    def save(self, step_done: int, shared: dict, extra: dict) -> None:
+    def save(self, step_done: int, shared: dict, extra: dict, may_fail: bool = True) -> None:
         """Checkpoint the state after ``step_done`` steps; ``shared`` is what rank 0 puts in the manifest,
-        ``extra`` what this rank adds to its own file's description (its losses and step windows)."""
+        ``extra`` what this rank adds to its own file's description (its losses and step windows). An in-place
+        failure that strikes during a blocking write leaves that checkpoint unpublished (``may_fail``)."""
         start = self.clock.now()
         self._publish_pending()
         tp = self.mesh.get_local_rank("tp"), self.mesh.size("tp")
@@ -143,6 +156,11 @@ class RankCheckpointer:
         if self.writer is None:
             write_rank(*args)
             self.clock.charge_compute_seconds("checkpoint.write", write)
+            if may_fail and self.in_place and self._struck():
+                # the machine failed before the checkpoint was whole: it is never published, and the end of the
+                # next step notices the failure and rolls back to the checkpoint before (a write is work at risk)
+                self.blocked += self.clock.now() - start
+                return
             self._publish(step_done, shared)
         else:
             self.writer.start(*args)

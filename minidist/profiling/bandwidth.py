@@ -9,6 +9,8 @@ algorithm is bandwidth-optimal at that size; far below it, latency or contention
 
 from __future__ import annotations
 
+import numpy as np
+
 from minidist.estimate.comm import BUS_FACTOR
 
 
@@ -26,11 +28,15 @@ def bus_factor(name: str, p: int) -> float:
     return BUS_FACTOR[base](p)
 
 
-def collective_table(trace, rank: int, group_size: int, predict=None) -> list[dict]:
+def collective_table(trace, rank: int, group_size: int, predict=None,
+                     window: tuple[float, float] | None = None) -> list[dict]:
     """One row per collective ``rank`` ran: name, bytes, seconds, algbw and busbw (bytes/s), and
-    ``predicted`` seconds if ``predict(name, nbytes)`` is given (an alpha-beta formula)."""
+    ``predicted`` seconds if ``predict(name, nbytes)`` is given (an alpha-beta formula). ``window``
+    ``(start, end)``, e.g. one step of ``TrainResult.windows[rank]``, keeps the collectives that began in it."""
+    lo, hi = window if window is not None else (-np.inf, np.inf)
     rows = []
-    for e in sorted((e for e in trace.events if e.rank == rank and e.stream == "comm"), key=lambda e: e.start):
+    for e in sorted((e for e in trace.events if e.rank == rank and e.stream == "comm" and lo <= e.start < hi),
+                    key=lambda e: e.start):
         t = e.end - e.start
         if t <= 0 or _base(e.name) not in BUS_FACTOR:
             continue

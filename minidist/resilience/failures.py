@@ -61,7 +61,9 @@ class Faults:
     process deadlocked on a lock would; its peers wait until the launch's timeout). ``in_place=True``:
     an MTBF failure is survived inside the launch - every rank rolls back to the newest checkpoint, as an
     elastic agent restarting the job on the same machines would - instead of ending the processes; the
-    arithmetic is the same, without the wall-clock cost of new processes (for sweeps)."""
+    arithmetic is the same, without the wall-clock cost of new processes (for sweeps). ``spike`` ({rank: bytes}:
+    that rank holds that many bytes more, as buffers, through every step: a temporary kept alive or oversized,
+    the memory fault of lab 23)."""
 
     kill: tuple[tuple[int, int], ...] = ()
     mtbf: float | None = None
@@ -70,6 +72,7 @@ class Faults:
     restart_seconds: float = 0.0
     in_place: bool = False
     hang: dict = field(default_factory=dict)
+    spike: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for pair in self.kill:
@@ -83,6 +86,9 @@ class Faults:
         for r, step in self.hang.items():
             if not (isinstance(r, int) and r >= 0 and isinstance(step, int) and step >= 0):
                 raise ValueError(f"Faults: hang maps a rank to the step it hangs at (ints >= 0), got {r!r}: {step!r}")
+        for r, n in self.spike.items():
+            if not (isinstance(r, int) and r >= 0 and n >= 0):
+                raise ValueError(f"Faults: spike maps a rank to the bytes it holds more (>= 0), got {r!r}: {n!r}")
         if not self.restart_seconds >= 0:
             raise ValueError(f"Faults: restart_seconds must be >= 0, got {self.restart_seconds!r}")
         if self.in_place and (self.mtbf is None or self.kill):
@@ -97,8 +103,15 @@ class Faults:
             t += float(rng.exponential(self.mtbf))
             yield t
 
+    @property
+    def timing_only(self) -> bool:
+        """Only slow ranks and memory spikes: faults that change what a step costs, never its values, so a
+        shape-only run can carry them."""
+        return not (self.kill or self.mtbf is not None or self.hang)
+
     def check(self, world_size: int) -> None:
-        bad = [r for r, _ in self.kill if r >= world_size] + [r for r in [*self.slow, *self.hang] if r >= world_size]
+        bad = [r for r, _ in self.kill if r >= world_size] + [r for r in [*self.slow, *self.hang, *self.spike]
+                                                            if r >= world_size]
         if bad:
             raise ValueError(f"Faults: rank(s) {bad} outside the {world_size} ranks of the layout")
 
