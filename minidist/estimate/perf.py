@@ -16,7 +16,10 @@ Model, for the slowest (last) pipeline stage and one micro-batch of b sequences 
   second term is everything that is not a large GEMM (norms, activations, softmax, launches), modelled
   as HBM traffic proportional to the activation size; it is why small hidden sizes run at low MFU.
   ``gemm`` and ``overhead_bytes`` are the two calibrated constants (see calibration.py).
-- TP: 4 all-reduces of t h 2 bytes per layer (6 in a recomputed layer), ring on NVLink, exposed.
+- TP: 4 all-reduces of t h 2 bytes per layer (6 in a recomputed layer), ring on NVLink. Without sequence
+  parallelism they are exposed; with it (``sp``) each is an all-gather before a GEMM and a reduce-scatter after
+  one, which a ring decomposition overlaps with that GEMM (parallel/tp_overlap.py), so a share ``tp_overlap``
+  (default half: the communication kernels take SMs from the GEMM) hides, never more than the layer's GEMMs.
 - CP: ring attention passes K,V chunks (cp - 1) times forward and twice that backward; hidden behind
   the chunk's causal attention (half the non-causal count) when shorter. EP: 4 all-to-alls of t k h 2
   bytes per MoE layer (6 with full recompute), exposed except the share ``ep_overlap`` (all of it under
@@ -79,6 +82,7 @@ class Layout:
     flash: bool = True  # FlashAttention: never stores the s x s scores, recomputes them in the backward
     recompute_layers: int | None = None  # with recompute="full": how many layers per stage (None = all)
     fp32_grads: bool = False  # Megatron's main gradients in fp32: 18 bytes per parameter instead of 16
+    tp_overlap: float = 0.5  # with sp: the share of TP communication hidden under the GEMMs it feeds
 
     @property
     def gpus(self) -> int:
@@ -171,6 +175,12 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     n_ar = 4 + 2 * r
     t_tp = n_ar * layers_stage * collective_time("all_reduce", act_bytes, tp, cluster.intra.alpha,
                                                  cluster.intra.beta) if tp > 1 else 0.0
+    if layout.sp and t_tp:
+        # sequence parallelism turns each all-reduce into an all-gather before a column-parallel GEMM and a
+        # reduce-scatter after a row-parallel one; cut into ring steps, each message travels while the previous
+        # shard's product runs (parallel/tp_overlap.py), so a share tp_overlap hides, never more than those GEMMs
+        gemm_time = layers_stage * dense_fwd * passes / (peak * efficiency.gemm)
+        t_tp -= min(layout.tp_overlap * t_tp, gemm_time)
     t_cp = 0.0
     if cp > 1:
         link = cluster.link_for(tp * cp)

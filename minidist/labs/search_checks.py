@@ -1,17 +1,19 @@
 """Checks for lab 18, configuration search (book chapter 27).
 
-The learner's filters (divisibility, model-state memory, the data-parallel communication ratio) are run on
-many layouts and compared with references built on ``md.estimate``; the learner's search runs on a small
+The learner's pruning (every layout the hard constraints allow, enumerated on machines the notebook never shows),
+model-state memory and the exposed data-parallel communication (the planner's own overlap rule) are compared with
+references built on ``md.estimate``'s formulas on unseen cases; the learner's search runs on a small
 space with a counting evaluator, for two values of ``keep``, and must find what the two-level search finds within
 the evaluations that search spends.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable
+
+import numpy as np
 
 from minidist.estimate.memory import model_state_bytes
 from minidist.labs.check import attempt, check_cases, fail, passed
@@ -22,45 +24,92 @@ def _divisible(tp, cp, pp, dp, heads, layers, gpus, gpus_per_node, global_batch,
             and global_batch % (dp * micro_batch) == 0)
 
 
-def check_divisible(fn: Callable[..., bool]) -> None:
-    """``fn(tp, cp, pp, dp, heads=, layers=, gpus=, gpus_per_node=, global_batch=, micro_batch=)``."""
-    ctx = dict(heads=12, layers=20, gpus=64, gpus_per_node=8, global_batch=96)
-    hints = {
-        "product": "the degrees must use every GPU exactly: tp x cp x pp x dp = gpus",
-        "heads": "tensor parallelism splits the attention heads: heads % tp == 0",
-        "node": "tp x cp stay inside one node (NVLink): tp x cp <= gpus_per_node",
-        "layers": "every pipeline stage gets the same number of layers: layers % pp == 0",
-        "batch": "each data-parallel rank takes whole micro-batches: global_batch % (dp x micro_batch) == 0",
-    }
-    n = 0
-    for tp, cp, pp, dp, mb in itertools.product((1, 2, 3, 4, 8, 16), (1, 2, 4), (1, 2, 4, 8, 16), (1, 2, 4, 8, 16),
-                                                (1, 2, 4)):
-        want = _divisible(tp, cp, pp, dp, micro_batch=mb, **ctx)
-        got = attempt("divisible", functools.partial(fn, micro_batch=mb, **ctx), tp, cp, pp, dp,
-                      shown=f"divisible({tp}, {cp}, {pp}, {dp}, micro_batch={mb}, ...)")
-        if bool(got) != want:
-            if want:  # a filter stricter than the rules: name the rules this layout only just meets
-                near = []
-                if tp * cp == ctx["gpus_per_node"]:
-                    near.append(f"tp x cp = {tp * cp} fills the node exactly, and that is allowed")
-                if ctx["heads"] % (tp * cp):
-                    near.append("only tp splits the heads (cp splits the sequence)")
-                stricter = "one of your conditions is stricter"
-                hint = (f"{stricter} than the rules: " + "; or ".join(near) if len(near) > 1 else near[0] if near
-                        else f"every constraint holds here: {stricter} than needed")
-            elif tp * cp * pp * dp != ctx["gpus"]:
-                hint = hints["product"]
-            elif ctx["heads"] % tp:
-                hint = hints["heads"]
-            elif tp * cp > ctx["gpus_per_node"]:
-                hint = hints["node"]
-            elif ctx["layers"] % pp:
-                hint = hints["layers"]
+def reference_layouts(gpus: int, heads: int, layers: int, gpus_per_node: int, global_batch: int,
+                      micro_batches=(1, 2, 4, 8)) -> set[tuple[int, int, int, int, int]]:
+    """Every (tp, cp, pp, dp, micro_batch) with tp and cp powers of two, pp from 1 to ``layers``, that the hard
+    constraints allow."""
+    powers = [2**i for i in range(gpus_per_node.bit_length())]
+    out = set()
+    for tp, cp, mb in itertools.product(powers, powers, micro_batches):
+        for pp in range(1, layers + 1):
+            if gpus % (tp * cp * pp):
+                continue
+            dp = gpus // (tp * cp * pp)
+            if _divisible(tp, cp, pp, dp, heads, layers, gpus, gpus_per_node, global_batch, mb):
+                out.add((tp, cp, pp, dp, mb))
+    return out
+
+
+def _why_not(layout: tuple, ctx: dict) -> str:
+    """The rule a layout breaks, in words."""
+    tp, cp, pp, dp, mb = layout
+    if tp * cp * pp * dp != ctx["gpus"]:
+        return "the degrees must use every GPU exactly once"
+    if ctx["heads"] % tp:
+        return f"tensor parallelism splits the attention heads, and {ctx['heads']} heads do not split {tp} ways"
+    if tp * cp > ctx["gpus_per_node"]:
+        return (f"tp x cp = {tp * cp} leaves the node of {ctx['gpus_per_node']} GPUs: both talk inside every layer and "
+                "need NVLink")
+    if ctx["layers"] % pp:
+        return f"{ctx['layers']} layers do not make {pp} equal pipeline stages"
+    if ctx["global_batch"] % (dp * mb):
+        return (f"{ctx['global_batch']} sequences do not split into whole micro-batches of {mb} on each of {dp} "
+                "data-parallel ranks")
+    return "it breaks no rule"
+
+
+_LAYOUT_CASES = [dict(gpus=96, heads=12, layers=20, gpus_per_node=8, global_batch=96),
+                 dict(gpus=64, heads=40, layers=36, gpus_per_node=4, global_batch=128),
+                 dict(gpus=1024, heads=56, layers=60, gpus_per_node=8, global_batch=1536),
+                 dict(gpus=48, heads=32, layers=24, gpus_per_node=16, global_batch=24)]
+
+
+def check_layouts(fn: Callable[..., list]) -> None:
+    """``fn(gpus, heads=, layers=, gpus_per_node=, global_batch=)``: every allowed (tp, cp, pp, dp, micro_batch)."""
+    total = 0
+    for ctx in _LAYOUT_CASES:
+        shown = (f"layouts({ctx['gpus']}, heads={ctx['heads']}, layers={ctx['layers']}, "
+                 f"gpus_per_node={ctx['gpus_per_node']}, global_batch={ctx['global_batch']})")
+        got = attempt("layouts", lambda c=ctx: fn(c["gpus"], heads=c["heads"], layers=c["layers"],
+                                                  gpus_per_node=c["gpus_per_node"],
+                                                  global_batch=c["global_batch"]), shown=shown)
+        try:
+            mine = [tuple(int(x) for x in lay) for lay in got]
+        except (TypeError, ValueError):
+            fail(shown, "a list of (tp, cp, pp, dp, micro_batch) tuples", got, "return the allowed layouts as tuples")
+        if any(len(lay) != 5 for lay in mine):
+            fail(shown, "(tp, cp, pp, dp, micro_batch) tuples", mine[:3], "five ints per layout, in that order")
+        if len(set(mine)) != len(mine):
+            dup = next(lay for lay in mine if mine.count(lay) > 1)
+            fail(f"{shown} lists a layout twice", "each layout once", dup, "enumerate each combination once")
+        want = reference_layouts(**ctx)
+        extra = sorted(set(mine) - want)
+        missing = sorted(want - set(mine))
+        if extra:
+            fail(f"{shown} allows {extra[0]} (tp, cp, pp, dp, micro_batch)", "not allowed", "allowed",
+                 _why_not(extra[0], ctx))
+        if missing:
+            tp, cp, pp, dp, mb = lay = missing[0]
+            fills = any(t * c == ctx["gpus_per_node"] for t, c, *_ in mine)
+            splits = any(ctx["heads"] % (t * c) for t, c, *_ in mine)
+            near = []
+            if tp * cp == ctx["gpus_per_node"] and not fills:
+                near.append("tp x cp may fill the node exactly")
+            if ctx["heads"] % (tp * cp) and not splits:
+                near.append("only tp splits the heads (cp splits the sequence)")
+            if near:
+                hint = "; and ".join(near)
+            elif cp > 1 and all(c == 1 for _, c, *_ in mine):
+                hint = "context parallelism is a degree too: try every power of two for cp"
+            elif pp > 1 and pp not in {p for _, _, p, *_ in mine}:
+                hint = f"pipeline degrees are any divisor of the layers, such as {pp}, not only powers of two"
+            elif mb not in {m for *_, m in mine}:
+                hint = f"try every micro-batch size of 1, 2, 4 and 8 (here {mb})"
             else:
-                hint = hints["batch"]
-            fail(f"divisible(tp={tp}, cp={cp}, pp={pp}, dp={dp}, micro_batch={mb}) with {ctx}", want, got, hint)
-        n += 1
-    passed(f"divisible: {n} layouts")
+                hint = "this layout meets every rule: one of your conditions is stricter than the rules"
+            fail(f"{shown} misses {lay} (tp, cp, pp, dp, micro_batch)", "allowed", "missing", hint)
+        total += len(want)
+    passed(f"layouts: {len(_LAYOUT_CASES)} machines, {total} allowed layouts found exactly")
 
 
 def check_state_bytes(fn: Callable[[float, int, int, int, int], float]) -> None:
@@ -84,21 +133,45 @@ def check_state_bytes(fn: Callable[[float, int, int, int, int], float]) -> None:
     check_cases("state_bytes", fn, cases, rel=1e-9, diagnose=diagnose)
 
 
-def check_dp_comm_ratio(fn: Callable[[float, float, float], float]) -> None:
-    """``fn(tokens_per_gpu, peak_flops, beta)``: data-parallel all-reduce time over compute time, large dp."""
-    cases = [((8192.0, 989e12, 50e9), 2 * 989e12 / (3 * 8192 * 50e9), "2 F / (3 T beta)"),
-             ((65536.0, 312e12, 25e9), 2 * 312e12 / (3 * 65536 * 25e9), "2 F / (3 T beta)"),
-             ((1e6, 1e15, 1e11), 2e15 / (3e6 * 1e11), "2 F / (3 T beta)")]
+def reference_dp_exposed(tokens: float, dp: int, peak_flops: float, beta: float, overlap: float) -> float:
+    """Exposed gradient all-reduce over compute, per parameter held: 6 T / F of compute, a ring of bf16 gradients
+    moving 2 (p - 1) / p x 2 bytes, a share ``overlap`` hidden under the backward (2/3 of the compute) at most."""
+    compute = 6 * tokens / peak_flops
+    comm = 2 * (dp - 1) / dp * 2 / beta
+    return (comm - min(overlap * comm, 2 / 3 * compute)) / compute
+
+
+def check_dp_exposed(fn: Callable[[float, int, float, float, float], float]) -> None:
+    """``fn(tokens_per_replica, dp, peak_flops, beta, overlap)``: the exposed all-reduce time over compute time."""
+    rng = np.random.default_rng(27)
+    cases = []
+    for dp, overlap, tokens in ((8, 0.8, 65536.0), (64, 0.8, 4096.0), (512, 0.5, 2048.0), (2, 0.0, 4096.0),
+                                (3, 1.0, 1024.0), (1024, 0.9, 262144.0)):
+        peak, beta = float(rng.uniform(100e12, 2000e12)), float(rng.uniform(10e9, 100e9))
+        cases.append(((tokens, dp, peak, beta, overlap), reference_dp_exposed(tokens, dp, peak, beta, overlap),
+                      "compute per parameter held, the ring's traffic per parameter held, then what overlap hides"))
 
     def diagnose(args, expected, got):
-        t, f, b = args
-        if math.isclose(got, f / (3 * t * b), rel_tol=1e-9):
-            return "a ring all-reduce moves 2 (p-1)/p ~ 2 times the gradient bytes, and bf16 gradients are 2 bytes"
-        if math.isclose(got, 4 * f / (3 * t * b), rel_tol=1e-9) or math.isclose(got, 2 * f / (t * b), rel_tol=1e-9):
-            return "compute is 6 Psi FLOPs per token (forward 2, backward 4); communication 2 x 2 Psi bytes"
+        t, p, f, b, o = args
+        compute, ring = 6 * t / f, 2 * (p - 1) / p * 2 / b
+        slips = [
+            ((4 / b - min(o * 4 / b, 2 / 3 * compute)) / compute,
+             "a ring all-reduce over p ranks sends each GPU's share p - 1 times in each of its two phases, not p"),
+            (ring * (1 - o) / compute, "overlap can hide the all-reduce only while the backward runs: never more "
+                                       "than the backward's time"),
+            ((ring - min(o * ring, compute)) / compute, "only the backward produces gradients to reduce: the forward "
+                                                        "third of the compute cannot hide them"),
+            (ring / compute, "a share `overlap` of the all-reduce runs under the backward pass"),
+            ((2 * ring - min(o * 2 * ring, 2 / 3 * compute)) / compute, "bf16 gradients are 2 bytes each"),
+            ((ring - min(o * ring, 2 / 3 * 2 * t / f)) / compute,
+             "the backward is two thirds of the compute (4 of the 6 FLOPs per parameter and token)"),
+        ]
+        for value, hint in slips:
+            if math.isclose(got, value, rel_tol=1e-6):
+                return hint
         return None
 
-    check_cases("dp_comm_ratio", fn, cases, rel=1e-9, diagnose=diagnose)
+    check_cases("dp_exposed", fn, cases, rel=1e-9, diagnose=diagnose)
 
 
 def _short(c) -> str:
