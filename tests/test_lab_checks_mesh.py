@@ -1,4 +1,4 @@
-"""Lab 15's checks accept the right answers and explain the usual wrong ones."""
+"""Labs 15 and 16's checks accept the right answers and explain the usual wrong ones."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_axis_of_accepts_coordinates_and_rejects_two_axis_pairs():
     def column_major(a, b, shape, names):
         return right(a, b, shape[::-1], names[::-1])
 
-    with pytest.raises(CheckFailed, match="unravel_index"):
+    with pytest.raises(CheckFailed, match="differ in the last"):
         md.labs.check_axis_of(column_major)
 
 
@@ -135,16 +135,65 @@ def test_redistribute_says_which_values_differ_when_the_shape_is_right():
         md.labs.check_redistribute(reversed_join)
 
 
-def test_state_per_gpu_knows_what_each_axis_divides():
-    def right(psi, tp, pp, dp, zero1):
-        local = psi / (tp * pp)
-        return (4 * local + 12 * local / (dp if zero1 else 1)) / 1e9
+def _axis_bytes(h, s, b, L, t, p, d, m, psi, backward=True, ring=True, stage_layers=True, both_ways=True,
+                local_grads=True):
+    act = 2 * b * s * h
+    layers = L // p if stage_layers else L
+    share = (t - 1) / t if ring else 1
+    tp = (4 if backward else 2) * layers * m * 2 * share * act
+    pp = (2 if both_ways else 1) * m * act if p > 1 else 0.0
+    dp = 2 * (d - 1) / d * 2 * psi / ((t * p) if local_grads else 1)
+    return {"tp": tp, "pp": pp, "dp": dp}
 
-    md.labs.check_state_per_gpu(right)
-    with pytest.raises(CheckFailed, match="ZeRO-1 shards the 12 optimizer bytes"):
-        md.labs.check_state_per_gpu(lambda psi, tp, pp, dp, zero1: right(psi, tp, pp, dp, False))
-    with pytest.raises(CheckFailed, match="replicates the weights and gradients"):
-        md.labs.check_state_per_gpu(lambda psi, tp, pp, dp, zero1: 16 * psi / (tp * pp * dp) / 1e9)
+
+def test_axis_bytes_accepts_the_estimates_and_names_each_missing_idea(capsys):
+    md.labs.check_axis_bytes(_axis_bytes)
+    assert "ok: axis_bytes" in capsys.readouterr().out
+    for wrong, says in ((dict(backward=False), "the backward pass has one for each"),
+                        (dict(ring=False), "does not send a GPU's own piece"),
+                        (dict(stage_layers=False), "only the layers of its own pipeline stage"),
+                        (dict(both_ways=False), "sends both ways"),
+                        (dict(local_grads=False), "tp and pp split the parameters")):
+        with pytest.raises(CheckFailed, match=says):
+            md.labs.check_axis_bytes(lambda *a, w=wrong: _axis_bytes(*a, **w))
+    with pytest.raises(CheckFailed, match="keys 'tp', 'pp' and 'dp'"):
+        md.labs.check_axis_bytes(lambda *a: list(_axis_bytes(*a).values()))
+
+
+def _plan_3d(world, psi, layers, heads, g, hbm, zero1, node_rule="divides", state="right", order="fewest"):
+    best = None
+    for tp in range(1, g + 1):
+        for pp in range(1, layers + 1):
+            in_node = g % tp == 0 if node_rule == "divides" else tp <= g
+            if not in_node or heads % tp or layers % pp or world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            local = psi / (tp * pp)
+            gb = {"right": (4 * local + 12 * local / (dp if zero1 else 1)) / 1e9,
+                  "dp_divides_all": 16 * local / dp / 1e9,
+                  "zero_all": 16 * local / (dp if zero1 else 1) / 1e9}[state]
+            key = {"fewest": (tp * pp, -tp), "most_tp_last": (tp * pp, tp), "most_dp_first": (-tp * pp, -tp)}[order]
+            if gb <= hbm and (best is None or key < best[0]):
+                best = (key, (tp, pp, dp))
+    return None if best is None else best[1]
+
+
+def test_plan_3d_accepts_the_search_and_names_each_rule_it_breaks(capsys):
+    md.labs.check_plan_3d(_plan_3d)
+    assert "ok: plan_3d" in capsys.readouterr().out
+    for wrong, says in ((dict(node_rule="fits"), "some tp group spans two nodes"),
+                        (dict(state="dp_divides_all"), "copies the model"),
+                        (dict(state="zero_all"), "ZeRO-1 shards only the optimizer state"),
+                        (dict(order="most_tp_last"), "at equal tp x pp prefer tp"),
+                        (dict(order="most_dp_first"), "take the fewest tp x pp that fit")):
+        with pytest.raises(CheckFailed, match=says):
+            md.labs.check_plan_3d(lambda *a, w=wrong: _plan_3d(*a, **w))
+    with pytest.raises(CheckFailed, match="the dp ranks share out the optimizer state"):
+        md.labs.check_plan_3d(lambda w, psi, L, a, g, hbm, zero1: _plan_3d(w, psi, L, a, g, hbm, False))
+    with pytest.raises(CheckFailed, match="a layout fits"):
+        md.labs.check_plan_3d(lambda *a: None)
+    with pytest.raises(CheckFailed, match="as a list"):
+        md.labs.check_plan_3d(lambda *a: None if _plan_3d(*a) is None else list(_plan_3d(*a)))
 
 
 def test_axes_between_wants_every_axis_in_mesh_order():
@@ -154,7 +203,7 @@ def test_axes_between_wants_every_axis_in_mesh_order():
     md.labs.check_axes_between(right)
     with pytest.raises(CheckFailed, match="mesh order"):
         md.labs.check_axes_between(lambda a, b, shape, names: tuple(reversed(right(a, b, shape, names))))
-    with pytest.raises(CheckFailed, match="unravel_index"):
+    with pytest.raises(CheckFailed, match="compare them axis by axis"):
         md.labs.check_axes_between(lambda a, b, shape, names: right(a, b, shape, names)[:1])
 
 
@@ -164,16 +213,56 @@ def test_axes_between_wants_a_tuple_because_the_lab_uses_it_as_a_dict_key():
 
     with pytest.raises(CheckFailed, match="return a tuple"):
         md.labs.check_axes_between(lambda a, b, shape, names: list(right(a, b, shape, names)))
-    with pytest.raises(CheckFailed, match="unravel_index"):  # wrong values are reported before the type
+    with pytest.raises(CheckFailed, match="compare them axis by axis"):  # wrong values are reported before the type
         md.labs.check_axes_between(lambda a, b, shape, names: list(right(a, b, shape, names)) + ["pp"])
 
 
-def test_params_per_gpu_knows_ep_splits_only_the_experts():
-    md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: nd / (tp * pp) + ne / (tp * pp * ep))
+def _place_axes(blocking, sizes, g, skip=False, below=False, fastest_first=False):
+    order = tuple(sorted(blocking, key=blocking.get))
+    inside, span = set(), 1
+    for axis in reversed(order):
+        fits = span * sizes[axis] <= g if below else g % (span * sizes[axis]) == 0
+        if not fits:
+            if skip:
+                continue
+            break
+        span *= sizes[axis]
+        inside.add(axis)
+    return (order[::-1] if fastest_first else order), inside
+
+
+def test_place_axes_accepts_row_major_packing_and_names_the_usual_mistakes(capsys):
+    md.labs.check_place_axes(_place_axes)
+    assert "ok: place_axes" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="only if every faster axis"):
+        md.labs.check_place_axes(lambda *a: _place_axes(*a, skip=True))
+    with pytest.raises(CheckFailed, match="which does not divide a node of 8"):
+        md.labs.check_place_axes(lambda *a: _place_axes(*a, below=True))
+    with pytest.raises(CheckFailed, match="from the slowest-varying"):
+        md.labs.check_place_axes(lambda *a: _place_axes(*a, fastest_first=True))
+
+
+def _state_5d(nd, ne, layout, zero1, nbytes, ep_dense=False, zero_group="right"):
+    w, g, o = nbytes
+    tp, pp, dp, ep, cp = (layout.get(a, 1) for a in ("tp", "pp", "dp", "ep", "cp"))
+    dense = nd / (tp * pp * (ep if ep_dense else 1))
+    expert = ne / (tp * pp * ep)
+    groups = {"right": (dp * ep * cp, dp * cp), "dp_only": (dp, dp), "all": (dp * ep * cp, dp * ep * cp)}[zero_group]
+    dg, eg = groups if zero1 else (1, 1)
+    return {"params": w * (dense + expert), "grads": g * (dense + expert), "optimizer": o * (dense / dg + expert / eg)}
+
+
+def test_state_5d_knows_what_each_axis_divides_and_where_zero_shards(capsys):
+    md.labs.check_state_5d(_state_5d)
+    assert "ok: state_5d" in capsys.readouterr().out
     with pytest.raises(CheckFailed, match="dense weights are replicated over the ep ranks"):
-        md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: (nd + ne) / (tp * pp * ep))
-    with pytest.raises(CheckFailed, match="1/ep of the experts"):
-        md.labs.check_params_per_gpu(lambda nd, ne, tp, pp, ep: (nd + ne) / (tp * pp))
+        md.labs.check_state_5d(lambda *a: _state_5d(*a, ep_dense=True))
+    with pytest.raises(CheckFailed, match="ep does not copy experts"):
+        md.labs.check_state_5d(lambda *a: _state_5d(*a, zero_group="all"))
+    with pytest.raises(CheckFailed, match="over all the ranks that hold copies"):
+        md.labs.check_state_5d(lambda *a: _state_5d(*a, zero_group="dp_only"))
+    with pytest.raises(CheckFailed, match="without ZeRO every copy"):
+        md.labs.check_state_5d(lambda nd, ne, lay, z, nb: _state_5d(nd, ne, lay, True, nb))
 
 
 def test_mesh_groups_of_the_wrong_type_are_named_before_the_cells_below_trip_on_them():

@@ -1,21 +1,24 @@
-"""Checks for labs 15 and 16, the device mesh, 3D, 4D and 5D parallelism (book chapters 23-25).
+"""Checks for labs 15 and 16, the device mesh, 3D, 4D and 5D parallelism (book chapters 23-25, the fleet law and
+the lattice of strategies).
 
 The groups of a mesh axis are compared with numpy slices of ``arange(P).reshape(shape)`` and with the
 bijection theorem (each axis of size d_k gives P / d_k disjoint groups that cover every rank once). A
 redistribution between placements runs on simulated ranks and is judged on the tensor it produces
 and on the bytes it sends (a Replicate -> Shard step must send nothing, the others no more than one
-all-gather or one all-to-all). The 3D memory formula is checked against the book's worked examples
-of chapter 24.
+all-gather or one all-to-all). The derivations (bytes per axis, the 3D planner, the terms of the fleet law read
+off a trace, the placement of axes on nodes, the 5D memory composed from its parts) are graded on cases drawn from
+fixed seeds that the notebooks never print, against references built on ``md.estimate`` where it has the formula.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, fail, passed
+from minidist.labs.check import CheckFailed, _plain, attempt, fail, number, numbers_of, passed
 from minidist.labs.ranks import run_ranks
 
 
@@ -61,8 +64,8 @@ def check_mesh_groups(fn: Callable[[tuple, int], list]) -> None:
         elif sizes != [d]:
             hint = f"every group along axis {axis} has {d} ranks (the axis's size), got sizes {sizes}"
         else:
-            hint = ("the ranks of a group differ only in their coordinate along the axis: fix the others and let "
-                    "that one run (np.moveaxis(ranks, axis, -1) puts it last)")
+            hint = ("the ranks of a group differ only in their coordinate along the axis: fix all the other "
+                    "coordinates and let that one run")
         fail(f"{name} is wrong", want[:4], groups[:4], hint)
     passed(f"mesh_groups: {len(cases)} meshes, every axis splits the world into disjoint groups")
 
@@ -75,7 +78,7 @@ def check_axis_of(fn: Callable[[int, int, tuple, tuple], str | None]) -> None:
     for a, b, want in cases:
         got = attempt("axis_of", fn, a, b, shape, names)
         if got != want:
-            hint = ("a rank's coordinates are np.unravel_index(rank, shape): ranks 0 and 1 differ in the last "
+            hint = ("a rank's coordinates are its index in the row-major grid: ranks 0 and 1 differ in the last "
                     "(fastest) axis")
             if want is None:
                 hint = "ranks that differ on two axes (or on none) share no group: return None"
@@ -152,31 +155,192 @@ def check_redistribute(fn: Callable[[np.ndarray, str, str], np.ndarray]) -> None
     passed("redistribute: S -> R by all-gather, R -> S for free, S0 <-> S1 by one all-to-all (2 and 4 ranks)")
 
 
-def _ref_state_gb(psi, tp, pp, dp, zero1):
+def _ref_axis_bytes(h, s, b, L, t, p, d, m, psi) -> dict[str, float]:
+    from minidist import estimate
+
+    return {"tp": m * estimate.tp_comm_bytes(b, s, h, L // p, t),
+            "pp": 2 * m * estimate.pp_activation_bytes(b, s, h) if p > 1 else 0.0,
+            "dp": estimate.dp_all_reduce_bytes(psi / (t * p), d)}
+
+
+def _axis_bytes_cases() -> list[tuple]:
+    """Layouts the notebook never prints: drawn once from a fixed seed, with one axis of size one now and then."""
+    rng = np.random.default_rng(1524)
+    cases = []
+    for i in range(12):
+        h = int(rng.choice([1024, 2048, 4096, 5120, 8192]))
+        s, b = int(rng.choice([1024, 2048, 4096])), int(rng.choice([1, 2, 4]))
+        t = 1 if i == 3 else int(rng.choice([2, 4, 8]))
+        p = 1 if i == 5 else int(rng.choice([4, 8]))
+        d = 1 if i == 7 else int(rng.choice([2, 4, 16, 64]))
+        L = p * int(rng.integers(2, 9))
+        m = int(rng.choice([4, 8, 16, 32]))
+        psi = float(12 * L * h * h)
+        cases.append((h, s, b, L, t, p, d, m, psi))
+    return cases
+
+
+def _axis_bytes_hint(axis: str, args: tuple, want: float, got: float) -> str:
+    h, s, b, L, t, p, d, m, psi = args
+    near = functools.partial(math.isclose, got, rel_tol=1e-6)
+    if axis == "tp":
+        if t == 1:
+            return "a tp group of one GPU has nobody to talk to: with t = 1 nothing moves"
+        if near(want * t / (t - 1)):
+            return ("a ring all-reduce does not send a GPU's own piece: each of its two passes sends all the "
+                    "pieces but one")
+        if near(want / 2) or near(want / 4):
+            return ("count every all-reduce: the backward pass has one for each of the forward's, and a ring "
+                    "all-reduce is two passes (a reduce-scatter, then an all-gather)")
+        if near(want * p):
+            return "this GPU runs only the layers of its own pipeline stage"
+        if near(want / m):
+            return "every micro-batch passes through every layer, and each pass all-reduces again"
+        return "per layer and micro-batch, tp all-reduces the activations (b s h values of 2 bytes) in both passes"
+    if axis == "pp":
+        if p == 1:
+            return "with a single stage there is no boundary to cross: nothing moves"
+        if near(want / 2):
+            return "a middle stage sends both ways: activations forward to the next stage, gradients back"
+        if near(want * (p - 1)) or near(want * (p - 1) / 2):
+            return "count what one GPU sends, not the whole pipeline"
+        if near(want / m):
+            return "every micro-batch crosses the boundary, once each way"
+        return "one micro-batch's activation at a stage boundary is b s h values of 2 bytes"
+    if d == 1:
+        return "a dp group of one GPU has no gradients to sum with anyone: nothing moves"
+    if near(want * t * p):
+        return "this GPU reduces only the gradients of its own parameters, and tp and pp split the parameters"
+    if near(want * d / (d - 1)):
+        return "a ring all-reduce does not send a GPU's own piece: each pass sends all the pieces but one"
+    if near(want / 2):
+        return "a ring all-reduce is two passes: a reduce-scatter, then an all-gather"
+    if near(want * 2):
+        return "gradients travel in 2 bytes per value"
+    return "dp all-reduces this GPU's gradients once per step, with a ring"
+
+
+def check_axis_bytes(fn: Callable[..., dict]) -> None:
+    """``fn(h, s, b, L, t, p, d, m, psi)``: bytes one GPU (of a middle pipeline stage) sends per training step on
+    each axis of a (tp, pp, dp) = (t, p, d) layout, as ``{"tp": ..., "pp": ..., "dp": ...}``; 2-byte values, ring
+    all-reduces. Graded on layouts drawn from a fixed seed, some with an axis of size one."""
+    cases = _axis_bytes_cases()
+    for args in cases:
+        shown = "axis_bytes(h={}, s={}, b={}, L={}, t={}, p={}, d={}, m={}, psi={:.3g})".format(*args)
+        got = attempt("axis_bytes", fn, *args, shown=shown)
+        if not isinstance(got, dict) or set(got) != {"tp", "pp", "dp"}:
+            fail(f"{shown} returned the wrong thing", "a dict with the keys 'tp', 'pp' and 'dp'", got,
+                 "return one number of bytes per axis, in a dict keyed by the axis names")
+        want = _ref_axis_bytes(*args)
+        for axis in ("tp", "pp", "dp"):
+            value = number(f"{shown}['{axis}']", got[axis])
+            if not math.isclose(value, want[axis], rel_tol=1e-6, abs_tol=1e-6):
+                fail(f"{shown}: the {axis} bytes are wrong", want[axis], value,
+                     _axis_bytes_hint(axis, args, want[axis], value))
+    passed(f"axis_bytes: {len(cases)} layouts, bytes per GPU per step on tp, pp and dp")
+
+
+def _state_gb(psi: float, tp: int, pp: int, dp: int, zero1: bool) -> float:
     local = psi / (tp * pp)
-    return (2 * local + 2 * local + 12 * local / (dp if zero1 else 1)) / 1e9
+    return (4 * local + 12 * local / (dp if zero1 else 1)) / 1e9
 
 
-def check_state_per_gpu(fn: Callable[[float, int, int, int, bool], float]) -> None:
-    """``fn(psi, tp, pp, dp, zero1)``: GB of model state (2 + 2 + 12 bytes per parameter) on one GPU of a 3D layout."""
-    cases = [((175e9, 4, 8, 32, False), _ref_state_gb(175e9, 4, 8, 32, False),
-              "the book's chapter 24 exercise: about 87 GB without ZeRO"),
-             ((175e9, 4, 8, 32, True), _ref_state_gb(175e9, 4, 8, 32, True), "with ZeRO-1 over dp = 32: about 24 GB"),
-             ((175e9, 8, 16, 8, False), _ref_state_gb(175e9, 8, 16, 8, False), "Megatron's 175B layout: TP 8, PP 16"),
-             ((7e9, 1, 1, 64, True), _ref_state_gb(7e9, 1, 1, 64, True), "pure data parallelism with ZeRO-1")]
+def _ref_plan_3d(world, psi, layers, heads, gpus_per_node, hbm_gb, zero1):
+    best = None
+    for tp in range(1, gpus_per_node + 1):
+        for pp in range(1, layers + 1):
+            if gpus_per_node % tp or heads % tp or layers % pp or world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            if _state_gb(psi, tp, pp, dp, zero1) <= hbm_gb:
+                best = min(best or (tp * pp, -tp, (tp, pp, dp)), (tp * pp, -tp, (tp, pp, dp)))
+    return None if best is None else best[2]
 
-    def diagnose(args, expected, got):
-        psi, tp, pp, dp, zero1 = args
-        if zero1 and math.isclose(got, _ref_state_gb(psi, tp, pp, dp, False), rel_tol=1e-9):
-            return "ZeRO-1 shards the 12 optimizer bytes over the dp ranks"
-        if math.isclose(got, expected * 1e9, rel_tol=1e-9):
-            return "answer in GB (1e9 bytes)"
-        if math.isclose(got, _ref_state_gb(psi, tp, pp, 1, zero1) / dp, rel_tol=1e-9) or \
-                math.isclose(got, 16 * psi / (tp * pp * dp) / 1e9, rel_tol=1e-9):
-            return "data parallelism replicates the weights and gradients: only tp and pp divide them"
-        return "tp and pp split the parameters, so each GPU holds psi / (tp pp) of them, at 2 + 2 + 12 bytes"
 
-    check_cases("state_per_gpu", fn, cases, rel=1e-6, diagnose=diagnose)
+def _plan_3d_cases() -> list[tuple]:
+    """Fixed traps (heads that admit a tp of 6 on nodes of 8, layers that no power of two divides, a model that
+    fits nowhere) and clusters drawn from a fixed seed; none is the 175B example the notebook prints."""
+    cases = [(384, 28e9, 32, 12, 8, 80.0, False),   # tp 6 would do, but a group of 6 straddles nodes of 8
+             (960, 60e9, 30, 48, 8, 80.0, False),   # pp must divide 30 layers: 3, 5, 6, 10 ...
+             (128, 2e12, 32, 32, 8, 80.0, False),   # nothing fits
+             (64, 1.3e9, 24, 16, 8, 40.0, False),   # fits on one GPU: pure data parallelism
+             (512, 70e9, 80, 64, 8, 80.0, True),
+             (512, 70e9, 80, 64, 8, 80.0, False)]
+    rng = np.random.default_rng(2415)
+    while len(cases) < 16:
+        world = int(rng.choice([64, 128, 256, 384, 512, 1024, 2048]))
+        layers = int(rng.choice([24, 30, 32, 40, 48, 60, 64, 80, 96, 126]))
+        heads = int(rng.choice([12, 16, 20, 24, 32, 40, 48, 64, 96, 128]))
+        case = (world, float(rng.choice([3e9, 8e9, 13e9, 34e9, 70e9, 175e9, 340e9, 530e9])), layers, heads,
+                int(rng.choice([4, 8])), float(rng.choice([40.0, 80.0, 141.0])), bool(rng.integers(2)))
+        if _ref_plan_3d(*case) is not None or len(cases) % 4 == 0:
+            cases.append(case)
+    return cases
+
+
+def _plan_3d_hint(case, got, want) -> tuple[str, str]:
+    """(what is wrong, hint) for a learner's layout ``got`` that differs from the reference ``want``."""
+    world, psi, layers, heads, g, hbm, zero1 = case
+    if got is None:
+        return (f"a layout fits: {want} needs {_state_gb(psi, *want, zero1):.1f} GB per GPU",
+                "try every degree that divides what it must divide (tp = 1 and pp = layers included)")
+    if not (isinstance(got, tuple | list) and len(got) == 3 and all(isinstance(x, int | np.integer) for x in got)):
+        return "not a layout", "return (tp, pp, dp) as a tuple of three ints, or None when nothing fits"
+    tp, pp, dp = (int(x) for x in got)
+    if min(tp, pp, dp) < 1 or tp * pp * dp != world:
+        return f"tp x pp x dp = {tp * pp * dp}, not the {world} GPUs", "a layout uses every GPU of the world once"
+    if heads % tp:
+        return f"tp = {tp} does not divide the {heads} heads", "each tp rank computes whole attention heads"
+    if layers % pp:
+        return f"pp = {pp} does not divide the {layers} layers", "each pipeline stage holds whole layers"
+    if g % tp:
+        return (f"tp = {tp} on nodes of {g} GPUs: some tp group spans two nodes",
+                f"a tp group is {tp} neighbouring ranks; write out the groups that meet rank {g - 1} and rank {g}")
+    need = _state_gb(psi, tp, pp, dp, zero1)
+    if need > hbm:
+        hint = "a GPU keeps 2 + 2 + 12 bytes for every parameter of its share of the model"
+        if 16 * psi / world / 1e9 <= hbm:  # it would fit if dp divided every byte
+            hint = ("ZeRO-1 shards only the optimizer state over dp; weights and gradients stay whole on each dp "
+                    "rank" if zero1 else
+                    "data parallelism copies the model: without ZeRO a dp rank holds the whole state of its share")
+        what = f"{tuple(got)} needs {need:.1f} GB of model state per GPU, more than the {hbm:g} GB it has"
+        if want is None:
+            what = f"no layout fits: {what}"
+        return what, hint
+    if want is None:
+        return "no layout fits", "check the memory of your layout"
+    if zero1 and tuple(got) == _ref_plan_3d(world, psi, layers, heads, g, hbm, False):
+        return (f"{want} fits too ({_state_gb(psi, *want, zero1):.1f} GB with ZeRO-1), with fewer GPUs per replica",
+                "with ZeRO-1 the dp ranks share out the optimizer state, so a smaller split of the model may fit")
+    if tp * pp > want[0] * want[1]:
+        return (f"{want} also fits ({_state_gb(psi, *want, zero1):.1f} GB), with {want[0] * want[1]} GPUs per "
+                f"model replica instead of {tp * pp}",
+                "every extra model-parallel split adds communication: take the fewest tp x pp that fit")
+    return (f"{want} fits with the same tp x pp and a wider tp",
+            "at equal tp x pp prefer tp: it runs on the node's links, while every pipeline stage adds bubble")
+
+
+def check_plan_3d(fn: Callable[..., tuple | None]) -> None:
+    """``fn(world, psi, layers, heads, gpus_per_node, hbm_gb, zero1)``: the (tp, pp, dp) layout whose model state
+    (2 + 2 + 12 bytes per parameter, ZeRO-1 over dp when ``zero1``) fits ``hbm_gb`` GB per GPU with the fewest GPUs
+    per replica (tp x pp), ties to the larger tp; tp divides the heads and stays inside a node, pp divides the
+    layers; None when nothing fits. Graded on clusters the notebook never prints."""
+    cases = _plan_3d_cases()
+    for case in cases:
+        shown = "plan_3d(world={}, psi={:.3g}, layers={}, heads={}, gpus_per_node={}, hbm_gb={:g}, zero1={})".format(
+            *case)
+        got = attempt("plan_3d", fn, *case, shown=shown)
+        want = _ref_plan_3d(*case)
+        same = got is None if want is None else (isinstance(got, tuple | list) and len(got) == 3
+                                                 and tuple(int(x) for x in got) == want)
+        if not same:
+            what, hint = _plan_3d_hint(case, got, want)
+            fail(f"{shown}: {what}", want, got, hint)
+        if got is not None and not isinstance(got, tuple):
+            fail(f"{shown}: the right layout as a {type(got).__name__}", "a tuple (tp, pp, dp)", got,
+                 "return a tuple: the cells below compare layouts with ==")
+    passed(f"plan_3d: {len(cases)} clusters and models, {sum(_ref_plan_3d(*c) is None for c in cases)} of them "
+           f"too big for any layout")
 
 
 def check_axes_between(fn: Callable[[int, int, tuple, tuple], tuple]) -> None:
@@ -188,7 +352,7 @@ def check_axes_between(fn: Callable[[int, int, tuple, tuple], tuple]) -> None:
         got = attempt("axes_between", fn, a, b, shape, names)
         values = None if got is None else tuple(got)
         if values != want:
-            hint = "compare np.unravel_index(a, shape) with np.unravel_index(b, shape) axis by axis"
+            hint = "write out the coordinates of both ranks in the row-major grid and compare them axis by axis"
             if values is not None and set(values) == set(want):
                 hint = "list the axes in mesh order (the order of names)"
             elif want == () and values is None:
@@ -202,24 +366,205 @@ def check_axes_between(fn: Callable[[int, int, tuple, tuple], tuple]) -> None:
     passed(f"axes_between: {len(cases)} pairs of ranks on a (pp, dp, cp, tp) = (2, 2, 2, 2) mesh")
 
 
-def check_params_per_gpu(fn: Callable[[float, float, int, int, int], float]) -> None:
-    """``fn(n_dense, n_expert, tp, pp, ep)``: parameters on one GPU of a 5D layout."""
-    def ref(nd, ne, tp, pp, ep):
-        return nd / (tp * pp) + ne / (tp * pp * ep)
+def _merged(intervals) -> list[list[float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
 
-    cases = [((5e9, 136e9, 4, 4, 8), ref(5e9, 136e9, 4, 4, 8), "Mixtral 8x22B's layout: TP 4, PP 4, EP 8"),
-             ((70e9, 0, 8, 8, 1), ref(70e9, 0, 8, 8, 1), "a dense 70B on TP 8, PP 8: the book's 1.09B per GPU"),
-             ((1e6, 8e6, 1, 1, 4), ref(1e6, 8e6, 1, 1, 4), "expert parallelism alone"),
-             ((3e6, 12e6, 2, 2, 2), ref(3e6, 12e6, 2, 2, 2), "every axis at once")]
 
-    def diagnose(args, expected, got):
-        nd, ne, tp, pp, ep = args
-        if math.isclose(got, (nd + ne) / (tp * pp * ep), rel_tol=1e-9):
+def _ref_law_terms(compute, comm) -> tuple[float, float, float]:
+    a, b = _merged(compute), _merged(comm)
+    overlap = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
+    return sum(e - s for s, e in a), sum(e - s for s, e in b), overlap
+
+
+def _law_terms_cases() -> list[tuple[list, list]]:
+    """Streams of one rank in one step, shuffled: compute kernels back to back with gaps, collectives that may be in
+    flight two at a time (so a stream's own events overlap), one case with no communication at all."""
+    rng = np.random.default_rng(3107)
+    cases = []
+    for i in range(10):
+        starts = np.cumsum(rng.uniform(0.1, 1.0, 12))
+        compute = [(float(s), float(s + d)) for s, d in zip(starts, rng.uniform(0.05, 0.9, 12))]
+        comm = [] if i == 4 else [(float(s), float(s + d)) for s, d in
+                                  zip(rng.uniform(0, starts[-1], 5), rng.uniform(0.2, 2.0, 5))]
+        order_a, order_b = rng.permutation(len(compute)), rng.permutation(len(comm))
+        cases.append(([compute[j] for j in order_a], [comm[j] for j in order_b]))
+    return cases
+
+
+def check_law_terms(fn: Callable[[list, list], tuple]) -> None:
+    """``fn(compute, comm)``, each a list of (start, end) events of one stream of one rank in one step (in any
+    order, possibly overlapping): ``(t_compute, t_comm, t_overlap)``, the time each stream is busy and the time both
+    are busy at once. Graded on event lists the notebook never prints."""
+    cases = _law_terms_cases()
+    for compute, comm in cases:
+        shown = f"law_terms(<{len(compute)} compute events>, <{len(comm)} comm events>)"
+        got = attempt("law_terms", fn, list(compute), list(comm), shown=shown)
+        values = numbers_of(shown, got, ("t_compute", "t_comm", "t_overlap"))
+        want = _ref_law_terms(compute, comm)
+        for name, value, ref in zip(("t_compute", "t_comm", "t_overlap"), values, want):
+            if math.isclose(value, ref, rel_tol=1e-9, abs_tol=1e-12):
+                continue
+            events = compute if name == "t_compute" else comm
+            naive = sum(e - s for s, e in events)
+            raw = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in compute for s2, e2 in comm)
+            hint = "the busy time of a stream is the length of the union of its events"
+            if name != "t_overlap" and math.isclose(value, naive, rel_tol=1e-9):
+                hint = ("two events of one stream can overlap in time (two collectives in flight at once): count "
+                        "every instant once")
+            elif name == "t_overlap" and math.isclose(value, min(want[0], want[1]), rel_tol=1e-9):
+                hint = "overlap is the time during which both streams are busy at the same instant"
+            elif name == "t_overlap" and math.isclose(value, raw, rel_tol=1e-9):
+                hint = ("an instant where two collectives overlap a kernel counts once: merge each stream's events "
+                        "before you intersect them")
+            elif name == "t_overlap":
+                hint = "overlap is the time during which both streams are busy at the same instant"
+            fail(f"{shown}: {name} is wrong", ref, value, hint)
+    passed(f"law_terms: {len(cases)} steps of events, busy time of each stream and their overlap")
+
+
+def _ref_place_axes(blocking: dict, sizes: dict, gpus_per_node: int) -> tuple[tuple[str, ...], set[str]]:
+    order = tuple(sorted(blocking, key=lambda a: blocking[a]))  # slowest (least waited for) first
+    inside, span = set(), 1
+    for axis in reversed(order):
+        span *= sizes[axis]
+        if gpus_per_node % span:
+            break
+        inside.add(axis)
+    return order, inside
+
+
+def _place_axes_cases() -> list[tuple]:
+    """Traps first (a heavy axis too big for the node ahead of a light one that would fit; a product that stays
+    below the node size without dividing it), then meshes drawn from a fixed seed."""
+    cases = [({"tp": 9e9, "cp": 4e9, "pp": 1e8, "dp": 0.0}, {"tp": 16, "cp": 2, "pp": 4, "dp": 8}, 8),
+             ({"tp": 7e9, "cp": 3e9, "dp": 1e7}, {"tp": 2, "cp": 3, "dp": 4}, 8),
+             ({"cp": 5e9, "tp": 6e9, "ep": 2e9, "dp": 0.0}, {"cp": 2, "tp": 2, "ep": 2, "dp": 4}, 8),
+             ({"ep": 8e9, "tp": 2e9, "pp": 3e8}, {"ep": 4, "tp": 4, "pp": 2}, 8)]
+    rng = np.random.default_rng(2505)
+    while len(cases) < 14:
+        names = list(rng.permutation(["tp", "cp", "ep", "pp", "dp"])[:int(rng.integers(3, 6))])
+        loads = rng.permutation([0.0, 2e7, 3e8, 4e9, 6e10])[:len(names)]
+        sizes = {str(a): int(rng.choice([2, 2, 4, 8, 3])) for a in names}
+        cases.append(({str(a): float(x) for a, x in zip(names, loads)}, sizes, int(rng.choice([4, 8, 16]))))
+    return cases
+
+
+def _place_axes_hint(blocking, sizes, g, order, inside, want_order, want_inside) -> str:
+    if order != want_order:
+        if order == want_order[::-1]:
+            return "the mesh lists its axes from the slowest-varying (outermost) to the fastest (innermost)"
+        return "order the axes by the traffic the layers wait for: the most waited-for axis varies fastest"
+    extra, missing = inside - want_inside, want_inside - inside
+    span = 1
+    for axis in reversed(order):
+        span *= sizes[axis]
+        if axis in extra and span <= g and g % span:
+            return (f"the axes up to {axis} span {span} consecutive ranks, which does not divide a node of {g}: "
+                    f"list the ranks of a group that contains rank {g - 1}")
+        if axis in extra:
+            return ("ranks are numbered row-major: an axis's groups lie inside a node only if every faster axis's "
+                    "groups do too")
+    if missing:
+        return f"the groups of {sorted(missing)} lie inside one node: count the consecutive ranks they span"
+    return "an axis is inside the node when every one of its groups lies within one node"
+
+
+def check_place_axes(fn: Callable[[dict, dict, int], tuple]) -> None:
+    """``fn(blocking, sizes, gpus_per_node)``: ``(order, inside)``, the axes in mesh order (slowest first, the axis
+    whose traffic the layers wait for most last) and the set of axes whose every group lies inside one node, with
+    ranks numbered row-major in that order. Graded on meshes the notebook never prints."""
+    cases = _place_axes_cases()
+    for blocking, sizes, g in cases:
+        shown = f"place_axes({_plain(blocking)}, {_plain(sizes)}, gpus_per_node={g})"
+        got = attempt("place_axes", fn, dict(blocking), dict(sizes), g, shown=shown)
+        if not (isinstance(got, tuple | list) and len(got) == 2):
+            fail(f"{shown} returned the wrong thing", "a pair (order, inside)", got,
+                 "return the axis order (a tuple of names) and the axes inside a node (a set of names)")
+        want_order, want_inside = _ref_place_axes(blocking, sizes, g)
+        try:
+            order, inside = tuple(got[0]), {str(a) for a in got[1]}
+        except TypeError:
+            fail(f"{shown} returned the wrong thing", (want_order, want_inside), got,
+                 "the order is a tuple of axis names, the inside a set of names")
+        if order != want_order or inside != want_inside:
+            fail(f"{shown} is wrong", (want_order, want_inside), (order, inside),
+                 _place_axes_hint(blocking, sizes, g, order, inside, want_order, want_inside))
+    passed(f"place_axes: {len(cases)} meshes, axes ordered by the traffic the layers wait for and packed into nodes")
+
+
+def _ref_state_5d(n_dense, n_expert, layout, zero1, nbytes) -> dict[str, float]:
+    w, g, o = nbytes
+    tp, pp, dp, ep, cp = (layout.get(a, 1) for a in ("tp", "pp", "dp", "ep", "cp"))
+    dense, expert = n_dense / (tp * pp), n_expert / (tp * pp * ep)
+    dense_group, expert_group = (dp * ep * cp, dp * cp) if zero1 else (1, 1)
+    return {"params": w * (dense + expert), "grads": g * (dense + expert),
+            "optimizer": o * (dense / dense_group + expert / expert_group)}
+
+
+def _state_5d_cases() -> list[tuple]:
+    rng = np.random.default_rng(2525)
+    cases = [(6e9, 0.0, {"tp": 4, "pp": 2, "dp": 8}, True, (2, 2, 12)),  # dense: the 3D formula
+             (2e9, 30e9, {"ep": 8, "dp": 2}, False, (2, 2, 12))]        # experts alone
+    while len(cases) < 12:
+        layout = {a: int(rng.choice([1, 2, 4, 8])) for a in ("tp", "pp", "dp", "ep", "cp")}
+        cases.append((float(rng.choice([1e9, 3e9, 5e9, 12e9])), float(rng.choice([0.0, 20e9, 136e9, 600e9])),
+                      layout, bool(rng.integers(2)) or len(cases) % 3 == 0,
+                      ((2, 2, 12), (8, 8, 16), (2, 4, 12))[len(cases) % 3]))
+    return cases
+
+
+def _state_5d_hint(category, args, want, got) -> str:
+    nd, ne, layout, zero1, nbytes = args
+    tp, pp, dp, ep, cp = (layout.get(a, 1) for a in ("tp", "pp", "dp", "ep", "cp"))
+    w, g, o = nbytes
+    per = {"params": w, "grads": g, "optimizer": o}[category]
+    near = functools.partial(math.isclose, got, rel_tol=1e-6)
+    if category == "optimizer" and not zero1 and near(_ref_state_5d(nd, ne, layout, True, nbytes)["optimizer"]):
+        return "without ZeRO every copy of a weight keeps its own optimizer state"
+    if category in ("params", "grads") or not zero1:
+        if near(per * (nd + ne) / (tp * pp * ep)):
             return "ep shards only the experts: the dense weights are replicated over the ep ranks"
-        if math.isclose(got, nd / (tp * pp) + ne / (tp * pp), rel_tol=1e-9):
+        if near(per * (nd + ne) / (tp * pp)):
             return "each ep rank holds 1/ep of the experts"
-        if math.isclose(got, nd / (tp * pp) + ne / ep, rel_tol=1e-9):
-            return "tp and pp split the experts too (each expert is a block's MLP)"
+        if near(per * (nd / (tp * pp) + ne / ep)):
+            return "tp and pp split the experts too (each expert is one block's MLP)"
+        if near(want / (dp * cp)) or near(want / dp) or near(want / (dp * ep * cp)):
+            return ("dp and cp split the tokens, not the weights: every dp and cp rank holds a full copy of its "
+                    "share" + ("; ZeRO-1 shards only the optimizer state" if zero1 and category == "grads" else ""))
         return "tp and pp split every parameter, ep additionally splits the experts"
+    dense, expert = nd / (tp * pp), ne / (tp * pp * ep)
+    if near(o * (dense + expert)) or near(o * (dense + expert) / dp):
+        return ("ZeRO-1 shards each weight's optimizer state over all the ranks that hold copies of that weight: "
+                "every rank that differs from this one only in its dp, cp (and, for a dense weight, ep) coordinates")
+    if near(o * (dense + expert) / (dp * ep * cp)):
+        return "an expert's copies live only on the ranks with the same ep coordinate: ep does not copy experts"
+    if near(o * (dense + expert) / (dp * cp)):
+        return "a dense weight is copied on every ep rank too, so its optimizer state shards over ep as well"
+    return "ZeRO-1 shards each weight's optimizer state over the ranks that sum its gradient"
 
-    check_cases("params_per_gpu", fn, cases, diagnose=diagnose)
+
+def check_state_5d(fn: Callable[..., dict]) -> None:
+    """``fn(n_dense, n_expert, layout, zero1, nbytes)``: bytes of model state on one GPU of a 5D layout (``layout``
+    maps some of "tp", "pp", "dp", "ep", "cp" to degrees, the rest are 1), as ``{"params", "grads", "optimizer"}``
+    with ``nbytes`` = bytes per parameter of each; ZeRO-1 when ``zero1``. Graded on layouts drawn from a seed."""
+    cases = _state_5d_cases()
+    for args in cases:
+        nd, ne, layout, zero1, nbytes = args
+        shown = f"state_5d({nd:.3g}, {ne:.3g}, {layout}, zero1={zero1}, nbytes={nbytes})"
+        got = attempt("state_5d", fn, nd, ne, dict(layout), zero1, nbytes, shown=shown)
+        want = _ref_state_5d(*args)
+        if not isinstance(got, dict) or set(got) != set(want):
+            fail(f"{shown} returned the wrong thing", "a dict with the keys 'params', 'grads', 'optimizer'", got,
+                 "return bytes per category in a dict, as the simulator's memory ledger does")
+        for category in ("params", "grads", "optimizer"):
+            value = number(f"{shown}['{category}']", got[category])
+            if not math.isclose(value, want[category], rel_tol=1e-6):
+                fail(f"{shown}: {category} is wrong", want[category], value,
+                     _state_5d_hint(category, args, want[category], value))
+    passed(f"state_5d: {len(cases)} layouts of dense and expert weights, with and without ZeRO-1")
