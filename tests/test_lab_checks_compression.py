@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -53,7 +55,7 @@ def _topk(g, r, k):
 def test_topk_feedback_catches_the_forgotten_residual_and_magnitude(capsys):
     md.labs.check_topk_feedback(_topk)
     assert "ok: topk_feedback" in capsys.readouterr().out
-    with pytest.raises(CheckFailed, match="grad \\+ residual"):
+    with pytest.raises(CheckFailed, match="the residual is part of what competes"):
         md.labs.check_topk_feedback(lambda g, r, k: (_topk(g, 0 * r, k)[0], g + r - _topk(g, 0 * r, k)[0]))
 
     def by_value(g, r, k):
@@ -65,16 +67,27 @@ def test_topk_feedback_catches_the_forgotten_residual_and_magnitude(capsys):
 
     with pytest.raises(CheckFailed, match="magnitude"):
         md.labs.check_topk_feedback(by_value)
+
+    def by_grad(g, r, k):  # ranked by this step's gradient alone, values accumulated: the residual never competes
+        acc = g + r
+        idx = np.argsort(np.abs(g))[-k:]
+        sent = np.zeros_like(acc)
+        sent[idx] = acc[idx]
+        return sent, acc - sent
+
+    with pytest.raises(CheckFailed, match="the residual is part of what competes") as told:
+        md.labs.check_topk_feedback(by_grad)
+    assert "np.abs" not in str(told.value)
+
+    def gradient_values(g, r, k):  # the right places, this step's values only
+        sent, res = _topk(g, r, k)
+        sent[sent != 0] = g[sent != 0]
+        return sent, g + r - sent
+
+    with pytest.raises(CheckFailed, match="the right entries, the wrong values"):
+        md.labs.check_topk_feedback(gradient_values)
     with pytest.raises(CheckFailed, match="nothing may be lost"):
         md.labs.check_topk_feedback(lambda g, r, k: (_topk(g, r, k)[0], np.zeros_like(g)))
-
-
-def test_powersgd_bytes_names_the_slips():
-    md.labs.check_powersgd_bytes(lambda m, n, r, e: r * (m + n) * e)
-    with pytest.raises(CheckFailed, match="dense matrix"):
-        md.labs.check_powersgd_bytes(lambda m, n, r, e: m * n * e)
-    with pytest.raises(CheckFailed, match="in bytes"):
-        md.labs.check_powersgd_bytes(lambda m, n, r, e: r * (m + n))
 
 
 def test_topk_feedback_names_a_compact_send_and_a_missing_pair():
@@ -88,3 +101,84 @@ def test_topk_feedback_names_a_compact_send_and_a_missing_pair():
         md.labs.check_topk_feedback(lambda g, r, k: _topk(g, r, k)[0])
     with pytest.raises(CheckFailed, match=r"topk_feedback\(grad of shape \(10,\), residual, k=1\) raised IndexError"):
         md.labs.check_topk_feedback(lambda g, r, k: g[[99]])
+
+
+def _powersgd(grads, q):
+    p = np.linalg.qr(sum(g @ q for g in grads))[0]
+    q = sum(g.T @ p for g in grads)
+    return p @ q.T, q
+
+
+def test_powersgd_step_names_the_missing_idea(capsys):
+    md.labs.check_powersgd_step(_powersgd)
+    assert "ok: powersgd_step" in capsys.readouterr().out
+
+    def gram_schmidt(grads, q):  # another orthonormalisation: the same basis up to the signs of its columns
+        p = sum(g @ q for g in grads)
+        cols = []
+        for j in range(p.shape[1]):
+            v = p[:, j] - sum((c @ p[:, j]) * c for c in cols)
+            cols.append(-v / np.linalg.norm(v))
+        p = np.stack(cols, 1)
+        q = sum(g.T @ p for g in grads)
+        return p @ q.T, q
+
+    md.labs.check_powersgd_step(gram_schmidt)
+
+    def no_basis(grads, q):
+        p = sum(g @ q for g in grads)
+        q = sum(g.T @ p for g in grads)
+        return p @ q.T, q
+
+    def mean(grads, q):
+        approx, q = _powersgd(grads, q)
+        return approx / len(grads), q / len(grads)
+
+    def own_basis(grads, q):
+        parts = [np.linalg.qr(g @ q)[0] for g in grads]
+        return sum(p @ (g.T @ p).T for p, g in zip(parts, grads)), q
+
+    def first_replica(grads, q):
+        p = np.linalg.qr(sum(g @ q for g in grads))[0]
+        return p @ (grads[0].T @ p).T, grads[0].T @ p
+
+    for wrong, said in ((no_basis, "orthonormal"), (mean, "a sum, not a mean"), (own_basis, "share one basis"),
+                        (first_replica, "summed over the replicas too"),
+                        (lambda g, q: (_powersgd(g, q)[0], q), "warm start"),
+                        (lambda g, q: _powersgd(g, q)[0], "return a pair")):
+        with pytest.raises(CheckFailed, match=said):
+            md.labs.check_powersgd_step(wrong)
+
+
+def _time_to_target(losses, times, target, window):
+    smooth = np.convolve(losses, np.ones(window) / window, mode="valid")
+    hit = np.flatnonzero(smooth <= target)
+    return math.inf if hit.size == 0 else float(np.cumsum(times)[hit[0] + window - 1])
+
+
+def _variant(smooth=True, end=True, never=math.inf, seconds=True):
+    def fn(losses, times, target, window):
+        w = window if smooth else 1
+        hit = np.flatnonzero(np.convolve(losses, np.ones(w) / w, mode="valid") <= target)
+        if hit.size == 0:
+            return never
+        i = hit[0] + (w - 1 if end else 0)
+        return float(np.cumsum(times)[i]) if seconds else i + 1
+    return fn
+
+
+def test_time_to_target_names_the_slips(capsys):
+    md.labs.check_time_to_target(_time_to_target)
+    assert "ok: time_to_target" in capsys.readouterr().out
+    for wrong, said in ((_variant(smooth=False), "one lucky batch"), (_variant(end=False), "last step of the first"),
+                        (_variant(never=None), "takes forever"), (_variant(never=0.0), "takes forever"),
+                        (_variant(seconds=False), "step count")):
+        with pytest.raises(CheckFailed, match=said):
+            md.labs.check_time_to_target(wrong)
+
+    def mean_step(losses, times, target, window):
+        t = _time_to_target(losses, times, target, window)
+        return t if math.isinf(t) else float(np.searchsorted(np.cumsum(times), t) + 1) * float(np.mean(times))
+
+    with pytest.raises(CheckFailed, match="different durations"):
+        md.labs.check_time_to_target(mean_step)

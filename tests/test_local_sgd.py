@@ -44,6 +44,17 @@ def test_local_sgd_with_one_step_and_one_replica_is_plain_training():
     assert all(np.allclose(local.params[n], q.data, atol=1e-12) for n, q in model.named_parameters())
 
 
+def test_the_clock_of_every_step_is_kept_and_threads_give_the_same_run():
+    """``times[s]``: a step's compute, plus one all-reduce at the end of each round (and of the run); threads run the
+    same replicas to the same weights and clock."""
+    procs = train_local(CFG, 2, LocalSGD(4), 10, 4, data=TOKENS)
+    threads = train_local(CFG, 2, LocalSGD(4), 10, 4, data=TOKENS, backend="inprocess")
+    step, sync = procs.times[0], procs.times[3] - procs.times[2] - procs.times[0]
+    n = np.arange(1, 11)
+    assert np.allclose(procs.times, n * step + (n // 4 + (n == 10)) * sync) and procs.times[-1] == procs.time
+    assert threads.times == procs.times and all(np.array_equal(threads.params[k], v) for k, v in procs.params.items())
+
+
 @pytest.mark.slow
 def test_diloco_every_50_steps_reaches_synchronous_loss_with_50x_fewer_bytes():
     steps, p = 1000, 2

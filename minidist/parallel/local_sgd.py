@@ -63,7 +63,8 @@ def DiLoCo(period: int = 50, outer_lr: float = 0.7, outer_momentum: float = 0.9)
 @dataclass
 class LocalResult:
     """``losses[s]``: the replicas' mean training loss at inner step s; ``params``: the final global parameters;
-    ``bytes_sent``: bytes each rank put on links; ``time``: simulated seconds; ``rounds``: synchronisations."""
+    ``bytes_sent``: bytes each rank put on links; ``time``: simulated seconds; ``rounds``: synchronisations;
+    ``times[s]``: simulated seconds at the end of inner step s (its synchronisation included), slowest rank."""
 
     losses: list[float]
     params: dict[str, np.ndarray]
@@ -71,6 +72,7 @@ class LocalResult:
     time: float
     rounds: int
     drift: list[float] = field(default_factory=list)  # per round: mean distance of a replica from the average
+    times: list[float] = field(default_factory=list)
 
 
 def _flat(model) -> np.ndarray:
@@ -91,7 +93,7 @@ def _rank(cfg, method: LocalSGD, steps: int, batch: int, lr: float, optimizer: s
     data = batches(tokens, batch, cfg.seq_len, seed=seed * 1000 + 17 + rank)  # each replica its own stream
     theta, velocity = _flat(model), None
     pad = -theta.size % p
-    losses, drift, rounds = [], [], 0
+    losses, drift, rounds, times = [], [], 0, []
     for step in range(steps):
         x, y = next(data)
         _, loss = model(x, y)
@@ -109,16 +111,18 @@ def _rank(cfg, method: LocalSGD, steps: int, batch: int, lr: float, optimizer: s
             theta = method.outer_step(theta, delta, velocity)
             _assign(model, theta)
             rounds += 1
+        times.append(dist.now())
         dist.progress(step + 1, steps, "step")
     return {"losses": losses, "params": {n: q.data.copy() for n, q in model.named_parameters()}, "drift": drift,
-            "rounds": rounds}
+            "rounds": rounds, "times": times}
 
 
 def train_local(model_config, dp: int, method: LocalSGD, steps: int, batch_per_replica: int = 8, lr: float = 3e-3,
                 optimizer: str = "adamw", seed: int = 0, cluster: Cluster | None = None, data=None,
-                dtype: str = "float64", timeout: float = 120) -> LocalResult:
+                dtype: str = "float64", timeout: float = 120, backend: str = "sim") -> LocalResult:
     """Train ``GPT(model_config, seed)`` on ``dp`` replicas that synchronise every ``method.period`` steps
-    (in ``dtype``, float64 like ``md.parallel.train``, so the two runs' bytes compare)."""
+    (in ``dtype``, float64 like ``md.parallel.train``, so the two runs' bytes compare). ``backend`` is
+    ``md.launch``'s: ``"inprocess"`` runs the replicas as threads taking turns, with the same results."""
     if not isinstance(dp, int) or dp < 1 or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"train_local: dp and steps must be ints >= 1, got {dp!r} and {steps!r}")
     if optimizer not in ("adamw", "sgd"):
@@ -126,13 +130,14 @@ def train_local(model_config, dp: int, method: LocalSGD, steps: int, batch_per_r
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
     cfg = replace(model_config, dtype=dtype)
     res = launch(_rank, dp, args=(cfg, method, steps, batch_per_replica, lr, optimizer, seed, tokens),
-                 cluster=cluster or Cluster(), timeout=timeout)
+                 cluster=cluster or Cluster(), timeout=timeout, backend=backend)
     out = list(res)
     links = [e for e in res.trace if e.stream == "link"]
     sent = [float(sum(e.nbytes for e in links if e.rank == r)) for r in range(dp)]
     losses = [float(np.mean([o["losses"][s] for o in out])) for s in range(steps)]
     return LocalResult(losses, out[0]["params"], sent, res.time, out[0]["rounds"],
-                       [float(np.mean(d)) for d in zip(*[o["drift"] for o in out])])
+                       [float(np.mean(d)) for d in zip(*[o["drift"] for o in out])],
+                       [float(max(t)) for t in zip(*[o["times"] for o in out])])
 
 
 def evaluate(model_config, params: dict[str, np.ndarray], data=None, batches_: int = 4, batch: int = 32,
