@@ -11,11 +11,16 @@ from minidist.labs.alpha_beta_checks import (
     check_real_fit,
     check_relay_time,
 )
-from minidist.labs.capstone_checks import Design, check_design, check_gpus_for
-from minidist.labs.case_checks import check_implied_step, check_mla_kv_saving, check_receptive_field
+from minidist.labs.capstone_checks import Design, check_checkpoint_plan, check_days_and_cost, check_design, check_mfu_of
+from minidist.labs.case_checks import check_implied_step, check_receptive_field, check_serving_memory
 from minidist.labs.check import CheckFailed
 from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
-from minidist.labs.compression_checks import check_powersgd_bytes, check_stochastic_round, check_topk_feedback
+from minidist.labs.compression_checks import (
+    check_powersgd_step,
+    check_stochastic_round,
+    check_time_to_target,
+    check_topk_feedback,
+)
 from minidist.labs.context_checks import check_cp_volumes, check_ring_attention, check_softmax_merge
 from minidist.labs.data_parallel_checks import (
     check_bucketed_time,
@@ -36,24 +41,29 @@ from minidist.labs.expert_checks import (
     check_dispatch_splits,
     check_top_k_routing,
 )
-from minidist.labs.local_sgd_checks import check_expected_slowest, check_outer_step
+from minidist.labs.local_sgd_checks import check_expected_slowest, check_local_time_to_target, check_outer_round
 from minidist.labs.mesh_checks import (
     check_axes_between,
+    check_axis_bytes,
     check_axis_of,
+    check_law_terms,
     check_mesh_groups,
-    check_params_per_gpu,
+    check_place_axes,
+    check_plan_3d,
     check_redistribute,
-    check_state_per_gpu,
+    check_state_5d,
 )
 from minidist.labs.notebook import install as _install_notebook_errors
-from minidist.labs.overlap_checks import (
-    check_collective_matmul_time,
-    check_dualpipev_bubble,
-    check_kv_numbers_per_token,
-)
+from minidist.labs.overlap_checks import check_dualpipev_bubble, check_kv_cache_bytes, check_ring_matmul_time
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble, check_walk_schedule
-from minidist.labs.precision_checks import check_loss_scale_update, check_max_finite, check_round_to
-from minidist.labs.profiling_checks import check_bus_bandwidth, check_overlap_fraction, check_robust_z
+from minidist.labs.precision_checks import check_loss_scale_update, check_max_finite, check_round_to, check_step_time
+from minidist.labs.profiling_checks import (
+    check_bus_bandwidth,
+    check_diagnosis,
+    check_overlap,
+    check_overlap_fraction,
+    check_robust_z,
+)
 from minidist.labs.recompute_checks import (
     check_best_interval,
     check_checkpointed_bytes,
@@ -61,7 +71,12 @@ from minidist.labs.recompute_checks import (
     check_overlap_tokens,
     check_plan_recompute,
 )
-from minidist.labs.resilience_checks import check_expected_completion, check_reshard, check_young_daly
+from minidist.labs.resilience_checks import (
+    check_checkpoint_interval,
+    check_expected_completion,
+    check_expected_overhead,
+    check_reshard_plan,
+)
 from minidist.labs.ring_checks import (
     check_collective_times,
     check_halving_doubling_all_reduce,
@@ -77,7 +92,7 @@ from minidist.labs.roofline_checks import (
 )
 from minidist.labs.sandbox_checks import check_direct_all_reduce, check_send_time, check_shift_right
 from minidist.labs.scaling_checks import check_compute_optimal, check_noise_scale, check_power_law_fit
-from minidist.labs.search_checks import check_divisible, check_dp_comm_ratio, check_search, check_state_bytes
+from minidist.labs.search_checks import check_dp_exposed, check_layouts, check_search, check_state_bytes
 from minidist.labs.tensor_checks import (
     check_column_parallel,
     check_megatron_mlp,
