@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, fail, number, passed
+from minidist.labs.check import CheckFailed, attempt, check_cases, fail, learner_name, number, passed
 
 
 def reference_fit(sizes, times) -> tuple[float, float]:
@@ -165,8 +165,7 @@ def check_relay_time(fn: Callable) -> None:
     cases = [(1e6, 1, [(1e-6, 1e10)]), (1e6, 4, [(1e-6, 1e10)]), (8e6, 8, [(2e-6, 5e10)] * 3),
              (3e6, 5, [(1e-6, 4e11), (5e-6, 2.5e10), (1e-6, 4e11)]), (5e7, 16, [(3e-6, 1e11), (1e-5, 3e9)]),
              (1e5, 10, [(4e-6, 2e10)] * 5), (2e7, 3, [(1e-6, 1e9), (1e-6, 8e9), (1e-6, 2e9), (1e-6, 4e9)])]
-    name = getattr(fn, "__name__", "relay_time")
-    name = name if name.isidentifier() else "relay_time"
+    name = learner_name(fn, "relay_time")
     for nbytes, k, links in cases:
         call = f"{name}({nbytes:g}, k={k}, links={links})"
         got = number(f"{call}: expected a number", attempt(name, fn, nbytes, k, list(links), shown=call))

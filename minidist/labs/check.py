@@ -42,6 +42,13 @@ def fail(what: str, expected, got, hint: str = "") -> None:
     raise CheckFailed(msg)
 
 
+def learner_name(fn: Callable, default: str) -> str:
+    """The name the learner gave their function (``walk``, ``one_f_one_b``), so a message quotes their call; a
+    lambda or a partial has none and gets ``default``."""
+    name = getattr(fn, "__name__", default)
+    return name if name.isidentifier() else default
+
+
 def attempt(name: str, fn: Callable, *args, shown: str | None = None, hint: str = ""):
     """``fn(*args)``, the learner's code: a stub says the exercise is not done yet, and any other error becomes a
     CheckFailed naming the call (``shown``, else ``name`` and the arguments), with the learner's frames below it."""

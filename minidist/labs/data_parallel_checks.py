@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import attempt, check_cases, close, fail, number, passed
+from minidist.labs.check import attempt, check_cases, close, fail, learner_name, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
 GLOBAL_BATCH = 10  # splits evenly over 1, 2 and 5 ranks, unevenly over 3 and 4
@@ -171,8 +171,7 @@ def check_exposed_comm(fn: Callable) -> None:
         ready = np.cumsum(rng.uniform(1e-5, 1e-4, size=n_params))
         sizes = rng.integers(50_000, 400_000, size=n_params).astype(float)
         cases.append((ready, sizes, cap, p, alpha, beta))
-    name = getattr(fn, "__name__", "exposed_comm")
-    name = name if name.isidentifier() else "exposed_comm"
+    name = learner_name(fn, "exposed_comm")
     for ready, sizes, cap, p, alpha, beta in cases:
         call = f"{name}(<{len(ready)} gradients>, bucket_bytes={cap:g}, p={p}, alpha={alpha:g}, beta={beta:g})"
         got = number(f"{call}: expected a number",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from minidist.labs.check import attempt, check_cases, fail, number, numbers_of, passed
+from minidist.labs.check import attempt, check_cases, fail, learner_name, number, numbers_of, passed
 
 
 def check_approx_params(fn: Callable[[int, int, int], float]) -> None:
@@ -126,8 +126,7 @@ def check_cheapest_fleet(fn: Callable) -> None:
                   mfu=0.35, price=2.5),
              dict(base, params=1e9, tokens=2e10, options=[1, 2, 4, 8, 16], deadline_days=3.0, beta=10e9)]
     keys = ("params", "tokens", "batch_tokens", "options", "deadline_days", "peak", "mfu", "price", "alpha", "beta")
-    name = getattr(fn, "__name__", "cheapest_fleet")
-    name = name if name.isidentifier() else "cheapest_fleet"
+    name = learner_name(fn, "cheapest_fleet")
     for case in cases:
         args = tuple(case[k] for k in keys)
         call = (f"{name}(params={case['params']:g}, tokens={case['tokens']:g}, options={case['options']}, "

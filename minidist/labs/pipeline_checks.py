@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, close, fail, passed
+from minidist.labs.check import CheckFailed, attempt, check_cases, close, fail, learner_name, passed
 
 
 def check_bubble(bubble: Callable) -> None:
@@ -147,8 +147,7 @@ def check_walk_schedule(walk: Callable) -> None:
     """``walk(rows, F, B, comm)`` -> (span, bubble) of any valid F/B schedule, timed from its dependencies."""
     from minidist.parallel.schedules import make_schedule
 
-    name = getattr(walk, "__name__", "walk")
-    name = name if name.isidentifier() else "walk"
+    name = learner_name(walk, "walk")
     # "lockstep" (every stage F0 B0 F1 B1 ...) is valid but slow: no closed form of the page fits it
     cases = [("1f1b", 3, 5, 1.0, 2.0, 0.0), ("lockstep", 3, 4, 1.0, 2.0, 0.0),
              ("gpipe", 5, 7, 0.7, 1.9, 0.0), ("1f1b", 6, 3, 1.0, 2.0, 0.0),

@@ -13,7 +13,7 @@ import math
 import numbers
 from collections.abc import Callable
 
-from minidist.labs.check import attempt, check_cases, fail, passed
+from minidist.labs.check import attempt, check_cases, fail, learner_name, passed
 
 
 def _ref_bytes(L, k, layer_bytes, input_bytes):
@@ -101,8 +101,7 @@ def check_exact_peak(fn: Callable[[int, int, float, float], float]) -> None:
     """``fn(L, k, layer_bytes, input_bytes)``: the peak the backward really reaches, segment by segment."""
     cases = [(12, 4, 1e6, 1e5), (10, 3, 1e6, 2e4), (10, 4, 5e5, 4e5), (7, 7, 1e6, 1e5), (11, 1, 1e6, 1e5),
              (13, 5, 2e5, 3e5), (17, 6, 1e6, 9e5), (5, 2, 1e6, 1e6), (30, 7, 3.8e9, 6.7e7)]
-    name = getattr(fn, "__name__", "exact_peak")
-    name = name if name.isidentifier() else "exact_peak"
+    name = learner_name(fn, "exact_peak")
     for L, k, lb, ib in cases:
         got = attempt(name, fn, L, k, lb, ib)
         if isinstance(got, bool) or not isinstance(got, numbers.Real):
@@ -144,8 +143,7 @@ def check_plan_recompute(fn: Callable[[list, float], list]) -> None:
         ops = [(f"t{i}", float(rng.integers(1, 40)), float(rng.integers(0, 30))) for i in range(n)]
         cases.append((ops, 0.6 * sum(o[1] for o in ops)))
     cases.append(([("p", 5.0, 2.0), ("q", 5.0, 2.0)], 11.0))  # impossible: nothing frees enough
-    name = getattr(fn, "__name__", "plan_recompute")
-    name = name if name.isidentifier() else "plan_recompute"
+    name = learner_name(fn, "plan_recompute")
     for ops, need in cases:
         call = f"{name}(<{len(ops)} tensors>, need={need:g})"
         got = attempt(name, fn, list(ops), need, shown=call)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, fail, number, passed
+from minidist.labs.check import CheckFailed, attempt, check_cases, fail, learner_name, number, passed
 
 
 def check_matmul_intensity(fn: Callable[[int, int, int, int], float]) -> None:
@@ -131,8 +131,7 @@ def check_tiled_intensity(fn: Callable[[int, int, int, int, int], float]) -> Non
     """``fn(m, n, k, tile, bytes_per_element)``: the arithmetic intensity of a matmul computed in tiles."""
     cases = [(256, 256, 256, 64, 4), (1024, 512, 2048, 128, 2), (300, 200, 100, 64, 4), (4096, 4096, 4096, 1, 2),
              (96, 4096, 512, 128, 2), (8192, 8192, 8192, 8192, 2), (1000, 1000, 1000, 96, 1)]
-    name = getattr(fn, "__name__", "tiled_intensity")
-    name = name if name.isidentifier() else "tiled_intensity"
+    name = learner_name(fn, "tiled_intensity")
     for m, n, k, tile, b in cases:
         got = attempt(name, fn, m, n, k, tile, b)
         got = number(f"{name}{(m, n, k, tile, b)}: expected a number", got)

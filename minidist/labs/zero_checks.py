@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, close, fail, number, passed
+from minidist.labs.check import CheckFailed, attempt, check_cases, close, fail, learner_name, number, passed
 
 TERMS = ("weights", "gradients", "optimizer state")
 
@@ -154,8 +154,7 @@ def check_zero3_forward(fn: Callable) -> None:
     cases = [([1.0] * 4, [1.0] * 4, 0), ([1.0] * 4, [0.5] * 4, 1), ([2.0, 1.0, 3.0], [1.5, 1.5, 1.5], 1)]
     for L, k in [(6, 0), (7, 1), (8, 2), (5, 3), (9, 1)]:
         cases.append((rng.uniform(0.2, 2.0, L).round(3).tolist(), rng.uniform(0.2, 2.0, L).round(3).tolist(), k))
-    name = getattr(fn, "__name__", "zero3_forward")
-    name = name if name.isidentifier() else "zero3_forward"
+    name = learner_name(fn, "zero3_forward")
     for compute, gather, k in cases:
         call = f"{name}(compute={compute}, gather={gather}, prefetch={k})"
         got = number(f"{call}: expected a number", attempt(name, fn, list(compute), list(gather), k, shown=call))
