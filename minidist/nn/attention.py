@@ -16,7 +16,8 @@ whatever core is installed in a checkpoint, and the projections around it never 
 
 ``window=w`` makes the core sliding-window attention (Jiang et al. 2023, Mistral 7B): query i
 attends to the w keys i - w < j <= i, itself included. Information still travels further than w
-tokens, one window per layer, while a decoder only ever needs the last w keys (``kv_cache.py``).
+tokens, one window per layer, while a decoder only ever needs the last w keys (``kv_cache.py``) and
+training keeps only the band of T w probabilities per head for the backward (``autograd/attention.py``).
 
 ``forward(x, cache=layer_cache)`` is the inference path (``GPT.generate(cache=True)``): the new
 tokens' keys and values join the cached ones and the queries attend over all of them with an
