@@ -50,14 +50,15 @@ def start_kernel(client, env: dict[str, str]) -> None:
                 raise
 
 
-def stop_kernel(client, grace: float = 10.0) -> None:
+def stop_kernel(client, grace: float = 30.0) -> None:
     """Shut ``client``'s kernel down, if one is still there.
 
     jupyter_client's shutdown interrupts the kernel before asking it to stop, and an idle kernel that gets the
     interrupt logs "KeyboardInterrupt caught in kernel" as an ERROR on the learner's terminal. So the kernel is
     first asked alone, and given ``grace`` seconds to exit; only one that is still there is shut down that way.
     An answering kernel exits in well under a second on a quiet machine, but took over 3 s while other notebooks
-    and tests shared two cores; only a kernel that ignores the request waits the whole grace.
+    and tests shared two cores, and over 10 s once in a fresh virtual environment under that load (its output
+    flush timed out first); only a kernel that ignores the request waits the whole grace.
     """
     if client.km is None:
         return
