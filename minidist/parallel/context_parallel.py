@@ -29,6 +29,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.autograd import Function
+from minidist.autograd.shape_only import c_order
 from minidist.parallel.online_softmax import (
     _group,
     block_grads,
@@ -136,7 +137,7 @@ class RingAttention(Function):
         qd, kd, vd = q.data, k.data, v.data
         q5, _, _ = _group(qd, kd, "ring_attention")
         d, p, T = kd.shape[-1], cp.size, qd.shape[2] * cp.size
-        kv = np.require(np.concatenate([kd, vd], axis=-1), requirements="C")  # one message per step
+        kv = c_order(np.concatenate([kd, vd], axis=-1))  # one message per step
         spare = np.empty_like(kv)
         states = {}
         for t in range(p):
@@ -169,7 +170,7 @@ class RingAttention(Function):
         do = g.data.reshape(out.shape)
         delta = (do * out).sum(axis=-1)
         dq = np.zeros_like(q5)
-        kv = np.require(np.concatenate([kd, vd], axis=-1), requirements="C")
+        kv = c_order(np.concatenate([kd, vd], axis=-1))
         spare, acc_in = np.empty_like(kv), np.empty_like(kv)
         acc = np.zeros_like(kv)  # gradient of the block held now, summed over the ranks it has visited
         sent: list = []

@@ -33,6 +33,7 @@ import numpy as np
 from minidist import dist
 from minidist.autograd import Function
 from minidist.autograd import functional as F
+from minidist.autograd.shape_only import c_order
 from minidist.collectives import offered
 from minidist.nn.module import Module
 from minidist.nn.moe import LocalRouting, MoE
@@ -94,7 +95,7 @@ class AllToAll(Function):
 
 def _all_to_all(x: np.ndarray, send: list[int], recv: list[int], ep: EPGroup) -> np.ndarray:
     out = np.empty((sum(recv),) + x.shape[1:], dtype=x.dtype)
-    dist.all_to_all_single(out, np.require(x, requirements="C"), recv, send, group=ep.group,
+    dist.all_to_all_single(out, c_order(x), recv, send, group=ep.group,
                            algorithm=offered("all_to_all", ep.algorithm))
     return out
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from minidist.autograd import Function
 from minidist.autograd import functional as F
+from minidist.autograd.shape_only import c_order
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, RMSNorm
 from minidist.parallel.tensor_parallel import ScatterToSequenceParallel, TPGroup, _all_reduce
 
@@ -146,7 +147,7 @@ class SequenceParallelDropout(Dropout):
         draw = self.rng.random(full, dtype=np.float64 if x.dtype == np.float64 else np.float32)
         mask = ((draw >= self.p) * (1.0 / (1.0 - self.p))).astype(x.dtype, copy=False)
         lo = self.tp.rank * n
-        return x * np.require(mask[:, lo:lo + n], requirements="C")
+        return x * c_order(mask[:, lo:lo + n])
 
 
 class SequenceParallelPositions(Embedding):

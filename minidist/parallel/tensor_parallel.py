@@ -33,6 +33,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.autograd import Function
+from minidist.autograd.shape_only import c_order
 from minidist.collectives import offered
 
 
@@ -62,13 +63,6 @@ class TPGroup:
 
 
 # -- the collectives, on raw arrays --------------------------------------------------------
-def _c_order(a: np.ndarray) -> np.ndarray:
-    """``a`` in C order: itself when it already is, else a C-ordered copy. ``ndarray.copy`` rather than
-    ``np.require``, which copies through ``np.array`` and so walks a shape-only array's elements one by one
-    (seconds for one sequence-parallel all-gather of a batch of 8K-token sequences)."""
-    return a if a.flags.c_contiguous else a.copy()
-
-
 def _all_reduce(a: np.ndarray, tp: TPGroup, op=None) -> np.ndarray:
     if tp.size > 1:
         dist.all_reduce(a, op=dist.ReduceOp.SUM if op is None else op, group=tp.group,
@@ -80,10 +74,10 @@ def all_gather_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
     """Concatenate every rank's ``a`` along ``axis`` (rank order)."""
     if tp.size == 1:
         return a
-    src = _c_order(np.moveaxis(a, axis, 0))
+    src = c_order(np.moveaxis(a, axis, 0))
     out = np.empty((tp.size * src.shape[0],) + src.shape[1:], dtype=a.dtype, like=src)
     dist.all_gather_into_tensor(out, src, group=tp.group, algorithm=offered("all_gather", tp.algorithm))
-    return _c_order(np.moveaxis(out, 0, axis))
+    return c_order(np.moveaxis(out, 0, axis))
 
 
 def reduce_scatter_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
@@ -93,15 +87,15 @@ def reduce_scatter_along(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
                          f"by tp={tp.size}")
     if tp.size == 1:
         return a.copy()
-    src = _c_order(np.moveaxis(a, axis, 0))
+    src = c_order(np.moveaxis(a, axis, 0))
     out = np.empty((src.shape[0] // tp.size,) + src.shape[1:], dtype=a.dtype, like=src)
     dist.reduce_scatter_tensor(out, src, group=tp.group, algorithm=offered("reduce_scatter", tp.algorithm))
-    return _c_order(np.moveaxis(out, 0, axis))
+    return c_order(np.moveaxis(out, 0, axis))
 
 
 def _own(a: np.ndarray, tp: TPGroup, axis: int) -> np.ndarray:
     lo, hi = tp.block(a.shape[axis], f"dimension {axis} of shape {a.shape}")
-    return np.require(np.take(a, np.arange(lo, hi), axis=axis), requirements="C")
+    return c_order(np.take(a, np.arange(lo, hi), axis=axis))
 
 
 # -- the conjugate operators ---------------------------------------------------------------

@@ -29,6 +29,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.autograd import cost
+from minidist.autograd.shape_only import c_order
 from minidist.collectives import offered
 
 TAG = 3 << 20  # point-to-point tags of the overlapped rings, apart from the pipeline's
@@ -55,9 +56,9 @@ def _start(a: np.ndarray, tp, axis: int, gather: bool):
     if not gather and a.shape[axis] % tp.size:
         raise ValueError(f"tensor-parallel overlap: dimension {axis} of shape {a.shape} (the sequence) is not "
                          f"divisible by tp={tp.size}")
-    src = np.require(np.moveaxis(a, axis, 0), requirements="C")
+    src = c_order(np.moveaxis(a, axis, 0))
     rows = src.shape[0] * tp.size if gather else src.shape[0] // tp.size
-    out = np.empty((rows,) + src.shape[1:], dtype=a.dtype)
+    out = np.empty((rows,) + src.shape[1:], dtype=a.dtype, like=src)  # a shape-only input: a shape-only result
     if gather:
         work = dist.all_gather_into_tensor(out, src, group=tp.group, async_op=True,
                                            algorithm=offered("all_gather", tp.algorithm))
@@ -67,7 +68,7 @@ def _start(a: np.ndarray, tp, axis: int, gather: bool):
 
     def finish() -> np.ndarray:
         work.wait()
-        return np.require(np.moveaxis(out, 0, axis), requirements="C")
+        return c_order(np.moveaxis(out, 0, axis))
     return finish
 
 
@@ -90,9 +91,9 @@ def all_gather_matmul(x: np.ndarray, ws: list[np.ndarray], tp, axis: int = 1) ->
         return x, [_matmul(x, w) for w in ws]
     nxt, prev = _neighbours(tp)
     n = x.shape[axis]
-    total = np.empty(x.shape[:axis] + (t * n,) + x.shape[axis + 1:], dtype=x.dtype)
-    outs = [np.empty(total.shape[:-1] + (w.shape[1],), dtype=np.result_type(x, w)) for w in ws]
-    cur = np.require(x, requirements="C")
+    total = np.empty(x.shape[:axis] + (t * n,) + x.shape[axis + 1:], dtype=x.dtype, like=x)
+    outs = [np.empty(total.shape[:-1] + (w.shape[1],), dtype=np.result_type(x, w), like=x) for w in ws]
+    cur = c_order(x)
     for s in range(t):
         c = (tp.rank - s) % t
         rows = [slice(None)] * x.ndim
@@ -132,7 +133,7 @@ def matmul_reduce_scatter(x: np.ndarray, w: np.ndarray, tp, axis: int = 1) -> np
         if s > 0:  # the running sum of this block, from the previous rank, arrives under this matmul
             incoming = np.empty_like(acc)
             recv = dist.irecv(incoming, prev, tag=TAG + s)
-        acc = _matmul(np.require(x[tuple(rows)], requirements="C"), w)
+        acc = _matmul(c_order(x[tuple(rows)]), w)
         if recv is not None:
             recv.wait()
             acc = incoming + acc
