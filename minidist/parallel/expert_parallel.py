@@ -94,7 +94,7 @@ class AllToAll(Function):
 
 
 def _all_to_all(x: np.ndarray, send: list[int], recv: list[int], ep: EPGroup) -> np.ndarray:
-    out = np.empty((sum(recv),) + x.shape[1:], dtype=x.dtype)
+    out = np.empty((sum(recv),) + x.shape[1:], dtype=x.dtype, like=x)  # shape-only in, shape-only out
     dist.all_to_all_single(out, c_order(x), recv, send, group=ep.group,
                            algorithm=offered("all_to_all", ep.algorithm))
     return out
