@@ -57,6 +57,20 @@ def _before_start(window: int) -> np.ndarray:
     return m
 
 
+def _charge_forward(pairs: int, d: int, dv: int, inputs_bytes: int, out: np.ndarray) -> None:
+    """The forward's cost for ``pairs`` (query, key) scores: the square's T^2 per head or the band's T w."""
+    if _cost._hook is not None:
+        _cost.charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
+                     inputs_bytes + out.nbytes, out.dtype)
+
+
+def _charge_backward(pairs: int, d: int, dv: int, inputs_bytes: int, p: np.ndarray, g: np.ndarray) -> None:
+    """The backward's: four products over the pairs and the softmax's, reading the kept probabilities twice."""
+    if _cost._hook is not None:
+        _cost.charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
+                     inputs_bytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
+
+
 def check_window(window: Any, who: str) -> int | None:
     """``window`` as an int >= 1, or None (full causal attention); ``who`` names the caller in the error."""
     if window is None:
@@ -126,14 +140,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and v {vd.shape} "
                          f"cannot be broadcast") from None
     pairs = p.size
-    if _cost._hook is not None:
-        _cost.charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
-                     qd.nbytes + kd.nbytes + vd.nbytes + out.nbytes, out.dtype)
+    _charge_forward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, out)
 
     def grads(g):
-        if _cost._hook is not None:
-            _cost.charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
-                         qd.nbytes + kd.nbytes + vd.nbytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
+        _charge_backward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, p, g)
         gv = unbroadcast(np.swapaxes(p, -1, -2) @ g, vd.shape) if needs_grad(v) else None
         ds = g @ np.swapaxes(vd, -1, -2)
         # softmax backward: ds = p * (dp - <dp, p>), and <dp, p> = sum_j (g . v_j) p_j = g . out,
@@ -204,16 +214,12 @@ def _banded(q: Tensor, k: Tensor, v: Tensor, qs: np.ndarray, sc: float, window: 
         p /= (p @ ones(w, p.dtype))[..., None]
         out = (p[..., None, :] @ np.swapaxes(_windows(vd, w), -1, -2))[..., 0, :]
     pairs = p.size  # the band's (query, key) pairs, padding included: T w per head, not T^2
-    if _cost._hook is not None:
-        _cost.charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
-                     qd.nbytes + kd.nbytes + vd.nbytes + out.nbytes, out.dtype)
+    _charge_forward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, out)
 
     def grads(g):
         # the closure keeps p (the band), q, k, v, qs and out, as the square's does; the padded copies of k
         # and v are rebuilt here rather than kept, so the band is the only O(T w) array the ledger counts
-        if _cost._hook is not None:
-            _cost.charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
-                         qd.nbytes + kd.nbytes + vd.nbytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
+        _charge_backward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, p, g)
         if shape_only:
             return tuple(empty(x.data.shape, g.dtype) if needs_grad(x) else None for x in (q, k, v))
         gv = unbroadcast(_scatter(p, g), vd.shape) if needs_grad(v) else None
