@@ -42,6 +42,32 @@ def fail(what: str, expected, got, hint: str = "") -> None:
     raise CheckFailed(msg)
 
 
+def busy_spans(spans) -> list[tuple[float, float]]:
+    """``(start, end)`` spans merged where they touch or overlap: the instants a stream is busy, each once."""
+    out: list[list[float]] = []
+    for lo, hi in sorted((float(a), float(b)) for a, b in spans if b > a):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(a, b) for a, b in out]
+
+
+def busy_and_both(a, b) -> tuple[float, float, float]:
+    """(time ``a`` is busy, time ``b`` is busy, time both are) for two streams' spans in any order: the reference
+    of the checks that grade an overlap (labs 15 and 23)."""
+    a, b = busy_spans(a), busy_spans(b)
+    i = j = 0
+    both = 0.0
+    while i < len(a) and j < len(b):
+        both += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return sum(y - x for x, y in a), sum(y - x for x, y in b), both
+
+
 def learner_name(fn: Callable, default: str) -> str:
     """The name the learner gave their function (``walk``, ``one_f_one_b``), so a message quotes their call; a
     lambda or a partial has none and gets ``default``."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import CheckFailed, attempt, check_cases, fail, number, passed
+from minidist.labs.check import CheckFailed, attempt, busy_and_both, check_cases, fail, number, passed
 from minidist.profiling import bus_factor, robust_z
 
 
@@ -85,39 +85,11 @@ def _call_robust_z(fn, x: np.ndarray) -> np.ndarray:
 
 # -- the overlap of communication with compute, from a rank's spans -------------------------------------------
 
-def _union(spans) -> list[tuple[float, float]]:
-    """The spans merged where they touch or overlap: the instants a stream is busy, each once."""
-    out: list[list[float]] = []
-    for lo, hi in sorted((float(a), float(b)) for a, b in spans if b > a):
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return [(a, b) for a, b in out]
-
-
-def _length(spans) -> float:
-    return sum(b - a for a, b in spans)
-
-
-def _both(a, b) -> float:
-    """Seconds during which both unions are busy (two sorted lists of disjoint spans)."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def reference_overlap(compute, comm) -> float:
     """alpha_ov from two streams' spans: the time both were busy over the shorter stream's busy time."""
-    c, m = _union(compute), _union(comm)
-    shorter = min(_length(c), _length(m))
-    return _both(c, m) / shorter if shorter > 0 else 0.0
+    tc, tm, both = busy_and_both(compute, comm)
+    shorter = min(tc, tm)
+    return both / shorter if shorter > 0 else 0.0
 
 
 def _overlap_cases(rng: np.random.Generator) -> list[tuple[list, list]]:
@@ -155,8 +127,7 @@ def _round(spans) -> list:
 
 
 def _overlap_hint(comp, comm, got: float) -> str:
-    c, m = _union(comp), _union(comm)
-    tc, tm, both = _length(c), _length(m), _both(c, m)
+    tc, tm, both = busy_and_both(comp, comm)
     raw_m = sum(b - a for a, b in comm)
     pairwise = sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in comp for b0, b1 in comm)
     close_to = lambda x: math.isclose(got, x, rel_tol=1e-6)  # noqa: E731
