@@ -6,6 +6,7 @@ appending a pair, and ``main`` builds an argparse subparser for each. Today:
 - ``plan``: best layouts of a named model on a named cluster (md.estimate.plan), as a table.
 - ``models``: the named model and cluster configurations with their sources.
 - ``calibration``: the performance model against published runs, those it was fitted on and those it was not.
+- ``device``: the measured device's kernel model against the kernels and training steps it was measured on.
 """
 
 from __future__ import annotations
@@ -104,6 +105,23 @@ COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[a
     "models": (_models_args, _models_run),
     "calibration": (_calibration_args, _calibration_run),
 }
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    from minidist.profiling.measured_device import add_arguments
+
+    add_arguments(p)
+
+
+def _device_run(args: argparse.Namespace) -> int:
+    """the measured device's kernel model against the kernels and GPT steps it was measured on"""
+    from minidist.profiling.measured_device import run
+
+    run(args)
+    return 0
+
+
+COMMANDS["device"] = (_device_args, _device_run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,18 +57,24 @@ def _before_start(window: int) -> np.ndarray:
     return m
 
 
-def _charge_forward(pairs: int, d: int, dv: int, inputs_bytes: int, out: np.ndarray) -> None:
+def _shape(p: np.ndarray, d: int, dv: int) -> tuple:
+    """What a measured device needs to split attention into kernels: (batch x heads, tq, keys per query, d, dv)."""
+    tq, tk = p.shape[-2], p.shape[-1]
+    return (p.size // max(tq * tk, 1), tq, tk, d, dv)
+
+
+def _charge_forward(pairs: int, d: int, dv: int, inputs_bytes: int, out: np.ndarray, p: np.ndarray) -> None:
     """The forward's cost for ``pairs`` (query, key) scores: the square's T^2 per head or the band's T w."""
     if _cost._hook is not None:
         _cost.charge("scaled_dot_product_attention", 2 * pairs * (d + dv) + (TRANSCENDENTAL + 4) * pairs,
-                     inputs_bytes + out.nbytes, out.dtype)
+                     inputs_bytes + out.nbytes, out.dtype, _shape(p, d, dv))
 
 
 def _charge_backward(pairs: int, d: int, dv: int, inputs_bytes: int, p: np.ndarray, g: np.ndarray) -> None:
     """The backward's: four products over the pairs and the softmax's, reading the kept probabilities twice."""
     if _cost._hook is not None:
         _cost.charge("scaled_dot_product_attention.backward", 2 * pairs * (2 * d + 2 * dv) + 4 * pairs,
-                     inputs_bytes + 2 * p.nbytes + g.nbytes * 4, g.dtype)
+                     inputs_bytes + 2 * p.nbytes + g.nbytes * 4, g.dtype, _shape(p, d, dv))
 
 
 def check_window(window: Any, who: str) -> int | None:
@@ -140,7 +146,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
         raise ValueError(f"scaled_dot_product_attention: batch dimensions of q {qd.shape} and v {vd.shape} "
                          f"cannot be broadcast") from None
     pairs = p.size
-    _charge_forward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, out)
+    _charge_forward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, out, p)
 
     def grads(g):
         _charge_backward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, p, g)
@@ -214,7 +220,7 @@ def _banded(q: Tensor, k: Tensor, v: Tensor, qs: np.ndarray, sc: float, window: 
         p /= (p @ ones(w, p.dtype))[..., None]
         out = (p[..., None, :] @ np.swapaxes(_windows(vd, w), -1, -2))[..., 0, :]
     pairs = p.size  # the band's (query, key) pairs, padding included: T w per head, not T^2
-    _charge_forward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, out)
+    _charge_forward(pairs, d, dv, qd.nbytes + kd.nbytes + vd.nbytes, out, p)
 
     def grads(g):
         # the closure keeps p (the band), q, k, v, qs and out, as the square's does; the padded copies of k

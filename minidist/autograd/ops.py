@@ -246,8 +246,9 @@ def matmul(x: Any, y: Any) -> Tensor:
     if yd.ndim == 1:
         out = out[..., 0]
     batch = out2.size // (m * n) if m * n else 0
+    gemm = (1, batch * m, k, n) if flat else (batch, m, k, n)  # flat: one product of all the rows
     if _cost._hook is not None:
-        _cost.charge("matmul", 2 * batch * m * n * k, xd.nbytes + yd.nbytes + out.nbytes, out.dtype)
+        _cost.charge("matmul", 2 * batch * m * n * k, xd.nbytes + yd.nbytes + out.nbytes, out.dtype, gemm)
     if not _rec(xt, yt):
         return _const(out)
     need_x = xt is not None and xt.requires_grad
@@ -261,7 +262,7 @@ def matmul(x: Any, y: Any) -> Tensor:
         if _cost._hook is not None:
             # each input gradient reads g and the other operand and writes a tensor the size of its input
             _cost.charge("matmul.backward", 2 * batch * m * n * k * (need_x + need_y),
-                         (g.nbytes + in_bytes) * (need_x + need_y), g.dtype)
+                         (g.nbytes + in_bytes) * (need_x + need_y), g.dtype, gemm)
         a = kept[0] if kept[0] is not None else np.asanyarray(xt.data).reshape(x2_shape)
         b = kept[1] if kept[1] is not None else np.asanyarray(yt.data).reshape(y2_shape)
         if rnd is not None:  # kept operands were rounded in the forward; a regathered weight is rounded now

@@ -27,11 +27,11 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     np.exp(y, out=y)
     y /= y.sum(axis=axis, keepdims=True)
     if _cost._hook is not None:
-        _cost.charge("softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
+        _cost.charge("softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype, y.shape)
 
     def grads(g):
         if _cost._hook is not None:
-            _cost.charge("softmax.backward", 4 * g.size, 3 * g.nbytes, g.dtype)
+            _cost.charge("softmax.backward", 4 * g.size, 3 * g.nbytes, g.dtype, g.shape)
         gx = g * y
         gx -= y * gx.sum(axis=axis, keepdims=True)  # y * (g - <g, y>)
         return (gx,)
@@ -45,7 +45,7 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     y = xd - xd.max(axis=axis, keepdims=True)
     y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
     if _cost._hook is not None:
-        _cost.charge("log_softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype)
+        _cost.charge("log_softmax", (TRANSCENDENTAL + 3) * y.size, xd.nbytes + y.nbytes, y.dtype, y.shape)
 
     def grads(g):
         if _cost._hook is not None:
@@ -87,11 +87,12 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100, reduct
     else:
         out = losses.reshape(t.shape).astype(x.dtype, copy=False)
     if _cost._hook is not None:
-        _cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype)
+        _cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype,
+                     x.shape)
 
     def grads(g):
         if _cost._hook is not None:
-            _cost.charge("cross_entropy.backward", 3 * x.size, 2 * x.nbytes, x.dtype)
+            _cost.charge("cross_entropy.backward", 3 * x.size, 2 * x.nbytes, x.dtype, x.shape)
         if reduction == "none":
             w = g.reshape(-1) * valid
         elif reduction == "mean":

@@ -40,6 +40,7 @@ class Op:
     axis: str = ""
     grads: tuple[int, ...] = ()  # parameters (element counts) whose gradient is final once this op is done
     steps: tuple = ()  # ring attention: per step of the ring, the (flops, bytes) of each block it computes
+    shape: tuple = ()  # what the autograd reports beside the counts (``autograd.cost``): products, attention, rows
 
 
 def _done(op: Op, *sizes: int) -> Op:
@@ -109,13 +110,19 @@ class Shard:
         return self.heads // self.tp > 1 and self.s > 1
 
 
+def _attention_shape(x: Shard) -> tuple:
+    """(batch x local heads, queries, keys, d, dv): the attention probabilities' shape, as the autograd reports it."""
+    d = x.h // x.heads
+    return (x.b * (x.heads // x.tp), x.s, x.s, d, d)
+
+
 def _matmul(rows: int, k: int, n: int, e: int) -> Op:
-    return Op("matmul", 2 * rows * k * n, e * (rows * k + k * n + rows * n))
+    return Op("matmul", 2 * rows * k * n, e * (rows * k + k * n + rows * n), shape=(1, rows, k, n))
 
 
 def _matmul_backward(rows: int, k: int, n: int, e: int) -> Op:
     # both input gradients: each reads the output gradient and the two operands, writes one input's size
-    return Op("matmul.backward", 4 * rows * k * n, 2 * e * (rows * n + rows * k + k * n))
+    return Op("matmul.backward", 4 * rows * k * n, 2 * e * (rows * n + rows * k + k * n), shape=(1, rows, k, n))
 
 
 def _row_parallel_backward(rows: int, k: int, n: int, e: int, tp: int) -> list[Op]:
@@ -242,7 +249,7 @@ def block_forward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
         ops.append(_ring(x, backward=False))
     else:
         ops.append(Op("scaled_dot_product_attention", 4 * d * x.pairs + (TRANSCENDENTAL + 4) * x.pairs,
-                      4 * e * t * hq))
+                      4 * e * t * hq, shape=_attention_shape(x)))
     if x.heads_copied:
         ops.append(Op("reshape", 0, 2 * e * t * hq))
     ops.append(_matmul(t, hq, h, e))
@@ -264,7 +271,7 @@ def block_backward(x: Shard, mlp: list[Op] | None = None) -> list[Op]:
         ops.append(_ring(x, backward=True))
     else:
         ops.append(Op("scaled_dot_product_attention.backward", 8 * d * x.pairs + 4 * x.pairs,
-                      e * (3 * t * hq + 2 * x.pairs + 4 * t * hq)))
+                      e * (3 * t * hq + 2 * x.pairs + 4 * t * hq), shape=_attention_shape(x)))
     for name in "vkq":
         width = hq if name == "q" else x.kv
         if x.gqa and name != "q":
@@ -286,13 +293,13 @@ def head_forward(x: Shard) -> list[Op]:
     ops = [_norm(x), _matmul(t, h, v, e)]
     if x.tp > 1:
         ops += [_all_reduce(e * t), _all_reduce(2 * e * t)]
-    return ops + [Op("cross_entropy", (TRANSCENDENTAL + 4) * t * v, e * t * v + 8 * t + e),
+    return ops + [Op("cross_entropy", (TRANSCENDENTAL + 4) * t * v, e * t * v + 8 * t + e, shape=(t, v)),
                   Op("mul", 1, 3 * e)]
 
 
 def head_backward(x: Shard) -> list[Op]:
     t, h, v, e = x.t, x.h, x.v, x.e
-    ops = [Op("mul.backward", 1, 4 * e), Op("cross_entropy.backward", 3 * t * v, 2 * e * t * v),
+    ops = [Op("mul.backward", 1, 4 * e), Op("cross_entropy.backward", 3 * t * v, 2 * e * t * v, shape=(t, v)),
            _done(_matmul_backward(t, h, v, e), h * v)]
     if x.tp > 1:
         ops.append(_all_reduce(e * t * h))

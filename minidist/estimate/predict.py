@@ -50,6 +50,7 @@ from minidist.estimate.pipeline import stage_orders
 from minidist.estimate.sharded_step import sharded_step
 from minidist.estimate.streams import Streams as _Streams
 from minidist.hardware.cluster import Cluster
+from minidist.hardware.kernels import peak_format
 
 AXES = ("pp", "dp", "ep", "cp", "tp")  # the mesh's order, tp fastest (md.parallel.build_mesh)
 MOMENTS = {"adamw": 2, "sgd": 1}
@@ -275,9 +276,19 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
               groups["grad"][0], model.n_kv_heads, model.mlp, model.norm, model.bias)
     algorithm = parallel.algorithm
 
+    model = cluster.kernel_model
+    fmt = peak_format(cluster.gpu, cluster.compute_dtype or dtype)[0]
+    fp32 = cluster.gpu.peak("fp32") if "fp32" in cluster.gpu.peak_flops else peak
+
+    def compute(st: _Streams, name: str, flops: float, nbytes: float, shape: tuple = (), term: str = "compute"
+                ) -> None:
+        """One op on the compute stream, priced as the simulator's clock prices it (``Cluster.kernels``)."""
+        if model.ideal:
+            st.run(max(flops / peak, nbytes / bw), term)
+        else:
+            st.kernels(model.kernels(name, flops, nbytes, fmt, peak, bw, fp32, shape), term)
+
     def cost(op: Op) -> float:
-        if op.kind == "compute":
-            return max(op.flops / peak, op.nbytes / bw)
         return _collective(op.kind, op.nbytes, groups[op.axis], cluster, _offered(op.kind, algorithm))
 
     cp_link = cluster.intra_link if len(groups["cp"][1]) == 1 else cluster.inter_link
@@ -285,9 +296,9 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     def run(st: _Streams, ops: list[Op]) -> None:
         for op in ops:
             if op.kind == "compute":
-                st.run(cost(op), "compute")
+                compute(st, op.name, op.flops, op.nbytes, op.shape)
             elif op.kind == "ring":
-                _ring(st, op, cp_link.alpha + op.nbytes / cp_link.beta, peak, bw)
+                _ring(st, op, cp_link.alpha + op.nbytes / cp_link.beta, compute)
             else:
                 st.sync(cost(op), op.axis)
 
@@ -345,7 +356,7 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
             shard = sum(n // shards for _, n in buckets[r]) if stage else sum(finish[r])
             if stage == 3:
                 shard = sum(padded3) // shards
-            st.run(optimizer_bytes(shard, e, optimizer) / bw, "optimizer")
+            compute(st, "optimizer.step", 0, optimizer_bytes(shard, e, optimizer), term="optimizer")
             if stage in (1, 2) and shards > 1:
                 for _, n in buckets[r]:
                     st.sync(cost(Op("all_gather", 0, n * e, "all_gather", "grad")), "dp")
@@ -486,14 +497,16 @@ def _offered(op: str, algorithm: str | None) -> str | None:
     return algorithm if algorithm in offered.get(op, ()) else None
 
 
-def _ring(st: _Streams, op: Op, hop: float, peak: float, bw: float) -> None:
+def _ring(st: _Streams, op: Op, hop: float, compute) -> None:
     """Ring attention (``md.parallel.context_parallel.RingAttention``) on one rank of a symmetric ring: each
     step posts the K/V block to the successor and takes the predecessor's (the same arrival time, by
     symmetry), computes its blocks meanwhile, then waits. The backward also passes each block's gradient
     accumulator on after every step, behind the K/V message on the same link, and receives its own home."""
+    name = "attention.block" + (".backward" if op.name.endswith("backward") else "")
+
     def blocks(step) -> None:
         for flops, nbytes in step:
-            st.run(max(flops / peak, nbytes / bw), "compute")
+            compute(st, name, flops, nbytes)
 
     p = len(op.steps)
     if not op.name.endswith("backward"):

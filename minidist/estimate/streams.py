@@ -4,7 +4,8 @@
 Property: the simulated clock is a pair of running maxima. Compute ops and synchronous collectives advance
 the program (a synchronous collective also waits for the communication stream); asynchronous collectives
 advance the communication stream only, and ``wait`` joins the two. So the time of a step is a formula of
-the op costs and the order they are issued in, which ``predict.py`` walks.
+the op costs and the order they are issued in, which ``predict.py`` walks. On a measured device a third
+running sum, the host's, issues each kernel: a kernel starts at the later of the compute stream and the host.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class Streams:
     def __init__(self) -> None:
         self.compute = 0.0
         self.comm = 0.0
+        self.host = 0.0  # the time up to which the host has issued kernels (measured devices only)
         self.terms: dict[str, float] = {}
         self.link_free: dict[tuple, float] = {}  # by (axis, peer): a ring successor is not a pipeline peer
 
@@ -26,6 +28,16 @@ class Streams:
     def run(self, seconds: float, term: str) -> None:
         self.compute += seconds
         self.add(term, seconds)
+
+    def kernels(self, kernels: list[tuple[float, float]], term: str) -> None:
+        """One op's kernels, ``(host seconds, GPU seconds)`` each (``hardware.Clock.charge_compute``): a kernel
+        starts once the GPU is free and the host has issued it."""
+        t = start = self.compute
+        for host, gpu in kernels:
+            self.host += host
+            t = (t if t > self.host else self.host) + gpu
+        self.compute = t
+        self.add(term, t - start)
 
     def sync(self, seconds: float, term: str) -> None:
         """A synchronous collective: after the program and after earlier communication."""

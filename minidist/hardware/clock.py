@@ -3,7 +3,10 @@
 Time is simulated, in seconds, and advances only when something is charged (chapters 2 and 4):
 
 * compute: an op of ``flops`` FLOP moving ``nbytes`` bytes costs the roofline
-  ``max(flops / peak[dtype], nbytes / hbm_bw)`` and runs on the compute stream;
+  ``max(flops / peak[dtype], nbytes / hbm_bw)`` and runs on the compute stream, on the ideal device
+  (``Cluster(kernels="roofline")``, the default). On a measured device (``kernels="measured"``) the op is the
+  kernels an eager framework launches for it, each priced by ``hardware/kernels.py``: the host issues them on
+  a third stream, ``host``, and a kernel starts once the GPU is free and the host has issued it;
 * communication: a message of ``n`` bytes on link L costs ``alpha_L + n / beta_L`` (beta in bytes/s).
   A directed link carries one message at a time, so a message starts at
   ``max(ready, link free)``; its receive completes at ``max(receiver's clock, start + cost)``.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from minidist.hardware.cluster import Cluster
+from minidist.hardware.kernels import peak_format
 from minidist.hardware.trace import Recorder
 
 
@@ -34,6 +38,9 @@ class Clock:
         self._link_free: dict[int, float] = {}  # dst -> time the link rank -> dst is free again
         self._routes: dict[int, tuple] = {}  # dst -> (cluster, alpha, beta, trace name)
         self._peaks: dict[object, float] = {}
+        self._formats: dict[object, tuple[str, float]] = {}
+        self.kernels = cluster.kernel_model  # how an op is priced: the roofline, or a measured GPU's kernels
+        self.host = 0.0  # the time up to which the host (Python, the launch calls) has issued kernels
         self.slowdown = 1.0  # a straggler's compute takes this many times longer (fault injection)
         # bytes on the wire per byte of the array sent: mixed precision sends 2-byte numbers that numpy holds in 4
         self.wire_scale = 1.0
@@ -66,17 +73,41 @@ class Clock:
         """Seconds for one op: max(flops / peak[dtype], nbytes / hbm_bw)."""
         return max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw)
 
-    def charge_compute(self, name: str, flops: float, nbytes: float, dtype=np.float32) -> float:
-        """Run one op on the compute stream; return its duration."""
-        start = self.compute
-        dt = max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw) * self.slowdown
-        self.compute = start + dt
-        self.recorder.record("compute", name, start, self.compute, nbytes, flops)
-        return dt
+    def format(self, dtype) -> tuple[str, float]:
+        """The peak format charged for ``dtype`` ("fp32", "bf16", ...) and its FLOP/s."""
+        try:
+            return self._formats[dtype]
+        except KeyError:
+            pass
+        name = self.cluster.compute_dtype or (dtype if isinstance(dtype, str) else np.dtype(dtype).name)
+        fmt = self._formats[dtype] = peak_format(self.cluster.gpu, name)
+        return fmt
 
-    def hook(self, name: str, flops: float, nbytes: float, dtype) -> None:
+    def charge_compute(self, name: str, flops: float, nbytes: float, dtype=np.float32, shape: tuple = ()) -> float:
+        """Run one op on the compute stream; return its duration (from the stream's time to the op's end)."""
+        start = self.compute
+        if self.kernels.ideal:
+            dt = max(flops / self.peak(dtype), nbytes / self.cluster.gpu.hbm_bw) * self.slowdown
+            self.compute = start + dt
+            self.recorder.record("compute", name, start, self.compute, nbytes, flops)
+            return dt
+        fmt, peak = self.format(dtype)
+        gpu = self.cluster.gpu
+        t = first = start
+        for i, (host, seconds) in enumerate(self.kernels.kernels(name, flops, nbytes, fmt, peak, gpu.hbm_bw,
+                                                                 gpu.peak("fp32"), shape)):
+            self.host += host
+            begin = t if t > self.host else self.host  # the GPU waits for the host to issue the kernel
+            if i == 0:
+                first = begin
+            t = begin + seconds * self.slowdown
+        self.compute = t
+        self.recorder.record("compute", name, first, t, nbytes, flops)
+        return t - start
+
+    def hook(self, name: str, flops: float, nbytes: float, dtype, shape: tuple = ()) -> None:
         """The autograd cost hook: ``minidist.autograd.cost.set_cost_hook(clock.hook)``."""
-        self.charge_compute(name, flops, nbytes, dtype)
+        self.charge_compute(name, flops, nbytes, dtype, shape)
 
     def sleep(self, seconds: float, name: str = "idle") -> None:
         """Advance the compute stream by ``seconds`` (a stand-in for work the model does not cost)."""

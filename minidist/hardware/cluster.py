@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from minidist.hardware.kernels import ROOFLINE, KernelModel, measured_kernels
 from minidist.hardware.specs import GPU, Link, gpu, link
 
 
@@ -39,6 +40,9 @@ class Cluster:
     what their NICs can send, so when every GPU sends across nodes at once, as a data-parallel ring does, each
     gets 1/k of its NIC. The model is that worst case, applied to every inter-node message (a lone message on a
     real fabric would not slow down).
+    ``kernels`` prices compute: ``"roofline"`` (the ideal device of the closed forms, the default), ``"measured"``
+    (the kernels of a real GPU running eager PyTorch, fitted to one H200: ``hardware/kernels.py``; other GPUs
+    keep their own peaks and bandwidth and borrow the H200's fractions and fixed costs), or a ``KernelModel``.
     """
 
     gpu: GPU
@@ -53,6 +57,7 @@ class Cluster:
     storage_bw: float = 7e9
     slow_links: tuple = ()  # ((src, dst), factor) pairs: that directed link's bandwidth divided by factor
     oversubscription: float = 1.0  # k:1 between the nodes' switches and the spine: inter-node bandwidth / k
+    kernels: object = "roofline"  # "roofline", "measured" or a KernelModel: how an op's time is priced
 
     def __init__(
         self,
@@ -68,6 +73,7 @@ class Cluster:
         storage_bw: float = 7e9,
         slow_links=(),
         oversubscription: float = 1.0,
+        kernels: str | KernelModel = "roofline",
     ) -> None:
         if gpus_per_node < 1:
             raise ValueError(f"Cluster: gpus_per_node must be >= 1, got {gpus_per_node}")
@@ -97,6 +103,17 @@ class Cluster:
             raise ValueError(f"Cluster: oversubscription must be a number >= 1 (k for a k:1 fabric), got "
                              f"{oversubscription!r}")
         set_(self, "oversubscription", float(oversubscription))
+        if not (kernels in ("roofline", "measured") or isinstance(kernels, KernelModel)):
+            raise ValueError(f"Cluster: kernels must be 'roofline' (the ideal device), 'measured' (a real GPU's "
+                             f"kernels, fitted to an H200) or an md.hardware.KernelModel, got {kernels!r}")
+        set_(self, "kernels", kernels)
+
+    @property
+    def kernel_model(self) -> KernelModel:
+        """The ``KernelModel`` that prices this cluster's compute."""
+        if isinstance(self.kernels, KernelModel):
+            return self.kernels
+        return ROOFLINE if self.kernels == "roofline" else measured_kernels()
 
     # -- presets ---------------------------------------------------------------------------
     @classmethod
@@ -167,8 +184,9 @@ class Cluster:
 
     def __repr__(self) -> str:
         nodes = "?" if self.nodes is None else self.nodes
+        kernels = "" if self.kernels == "roofline" else f", kernels={getattr(self.kernels, 'name', self.kernels)!r}"
         return (
-            f"Cluster({nodes} x {self.gpus_per_node} {self.gpu.name}, intra={self.intra_link.name} "
+            f"Cluster({nodes} x {self.gpus_per_node} {self.gpu.name}{kernels}, intra={self.intra_link.name} "
             f"(alpha={self.intra_link.alpha:g} s, beta={self.intra_link.beta:g} B/s), inter={self.inter_link.name} "
             f"(alpha={self.inter_link.alpha:g} s, beta={self.inter_link.beta:g} B/s))"
         )

@@ -87,13 +87,13 @@ class MixedPrecision:
         rescaled from the working dtype's itemsize to the format's, and the format's peak named."""
         (mm_size, mm_peak), (size, peak) = CHARGES[self.precision]
 
-        def hook(name: str, flops: float, nbytes: float, dtype) -> None:
+        def hook(name: str, flops: float, nbytes: float, dtype, shape: tuple = ()) -> None:
             matmul = name.startswith("matmul")
             want = mm_size if matmul else size
             dtype = np.dtype(dtype)
             if dtype.kind == "f" and dtype.itemsize > want:
                 nbytes = nbytes * want / dtype.itemsize
-            inner(name, flops, nbytes, mm_peak if matmul else peak)
+            inner(name, flops, nbytes, mm_peak if matmul else peak, shape)
 
         return hook
 

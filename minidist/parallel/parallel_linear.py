@@ -41,7 +41,8 @@ from minidist.parallel.tp_overlap import (
 
 
 def _charge_matmul(rows: int, k: int, n: int, dtype) -> None:
-    cost.charge("matmul", 2 * rows * k * n, (rows * k + k * n + rows * n) * np.dtype(dtype).itemsize, dtype)
+    cost.charge("matmul", 2 * rows * k * n, (rows * k + k * n + rows * n) * np.dtype(dtype).itemsize, dtype,
+                (1, rows, k, n))
 
 
 class _GatheredColumns(Function):

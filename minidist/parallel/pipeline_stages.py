@@ -66,7 +66,7 @@ def layer_costs(model, idx: np.ndarray, targets: np.ndarray) -> list[float]:
 
     def measure(fn) -> float:
         flops[0] = 0.0
-        previous = _cost.set_cost_hook(lambda name, f, nbytes, dtype: flops.__setitem__(0, flops[0] + f))
+        previous = _cost.set_cost_hook(lambda name, f, *_: flops.__setitem__(0, flops[0] + f))
         try:
             fn()
         finally:

@@ -126,7 +126,8 @@ class WeightGradStore:
                 x2 = xd.reshape(-1, k)
                 y = (x2 @ wd).reshape(xd.shape[:-1] + (n,))
                 if _cost._hook is not None:
-                    _cost.charge("matmul", 2 * x2.shape[0] * k * n, xd.nbytes + wd.nbytes + y.nbytes, y.dtype)
+                    _cost.charge("matmul", 2 * x2.shape[0] * k * n, xd.nbytes + wd.nbytes + y.nbytes, y.dtype,
+                                     (1, x2.shape[0], k, n))
                 if b is not None:
                     y = y + b.data
                     if _cost._hook is not None:
@@ -143,14 +144,15 @@ class WeightGradStore:
                 g2 = g.data.reshape(-1, n)
                 rows = g2.shape[0]
                 if _cost._hook is not None:
-                    _cost.charge("matmul.backward_input", 2 * rows * k * n, g2.nbytes + wd.nbytes + x2.nbytes, g2.dtype)
+                    _cost.charge("matmul.backward_input", 2 * rows * k * n, g2.nbytes + wd.nbytes + x2.nbytes, g2.dtype,
+                                 (1, rows, k, n))
                 gx = (g2 @ wd.T).reshape(g.shape[:-1] + (k,))
                 gdata = g.data
 
                 def compute():
                     if _cost._hook is not None:
                         _cost.charge("matmul.backward_weight", 2 * rows * k * n,
-                                     g2.nbytes + x2.nbytes + wd.nbytes, g2.dtype)
+                                     g2.nbytes + x2.nbytes + wd.nbytes, g2.dtype, (1, rows, k, n))
                     gw = x2.T @ g2
                     gb = unbroadcast(gdata, (n,)) if b is not None else None
                     return gw, gb

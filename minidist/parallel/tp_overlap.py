@@ -38,7 +38,7 @@ TAG = 3 << 20  # point-to-point tags of the overlapped rings, apart from the pip
 def _matmul(a: np.ndarray, w: np.ndarray) -> np.ndarray:
     rows = a.size // a.shape[-1]
     cost.charge("matmul", 2 * rows * w.shape[0] * w.shape[1],
-                (a.size + w.size + rows * w.shape[1]) * a.dtype.itemsize, a.dtype)
+                (a.size + w.size + rows * w.shape[1]) * a.dtype.itemsize, a.dtype, (1, rows, *w.shape))
     return a @ w
 
 

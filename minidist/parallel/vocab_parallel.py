@@ -108,12 +108,13 @@ class _VocabParallelCrossEntropy(Function):
         ctx.probs, ctx.mine, ctx.local, ctx.shape = e / stats[0][:, None], mine, local, logits.shape
         out = np.asanyarray(np.mean(np.log(stats[0]) - stats[1])).astype(x.dtype)
         # the same charge as F.cross_entropy on this rank's block of the vocabulary
-        cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype)
+        cost.charge("cross_entropy", (TRANSCENDENTAL + 4) * x.size, x.nbytes + t.nbytes + out.nbytes, x.dtype, x.shape)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        cost.charge("cross_entropy.backward", 3 * ctx.probs.size, 2 * ctx.probs.nbytes, ctx.probs.dtype)
+        cost.charge("cross_entropy.backward", 3 * ctx.probs.size, 2 * ctx.probs.nbytes, ctx.probs.dtype,
+                    ctx.probs.shape)
         grad = ctx.probs.copy()
         rows = np.nonzero(ctx.mine)[0]
         grad[rows, ctx.local[rows]] -= 1.0
