@@ -377,13 +377,15 @@ def now() -> float:
 
 
 def compute(flops: float = 0.0, bytes: float = 0.0, name: str = "compute", dtype=np.float32,
-            seconds: float | None = None) -> float:
-    """Charge work to this rank's compute stream by the roofline (or a fixed ``seconds``); returns its cost."""
+            seconds: float | None = None, shape: tuple = ()) -> float:
+    """Charge work to this rank's compute stream (or a fixed ``seconds``); returns its cost. The cluster's device
+    model prices it: the roofline, or on a measured device the kernels an op called ``name`` launches (``shape``
+    as the autograd reports it: ``(batch, m, k, n)`` for ``name="matmul"``, see ``md.autograd.cost``)."""
     clock = current("md.dist.compute").clock
     if seconds is not None:
         clock.charge_compute_seconds(name, seconds)
         return float(seconds)
-    return clock.charge_compute(name, flops, bytes, dtype)
+    return clock.charge_compute(name, flops, bytes, dtype, tuple(shape))
 
 
 def progress(done: int, total: int, what: str = "step") -> None:

@@ -98,9 +98,14 @@ def test_llama3_405b_on_16384_simulated_gpus():
                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    sim, calibrated, at_peak, published = got["rows"]
+    sim, measured, calibrated, at_peak, published = got["rows"]
     assert got["rss"] < 4e9  # the whole process: Python, numpy, the graph of 16 ranks, no values
     assert sim["memory"] < 80e9  # the layout fits an H100
+    for row in (sim, measured):  # the terms partition the step of the busiest GPU
+        assert sum(row["terms"].values()) == pytest.approx(row["step_time"], rel=1e-6)
+    # eager kernels on a real GPU: products at a fraction of peak, attention written out, fixed costs per kernel
+    assert measured["step_time"] > 1.3 * sim["step_time"]
+    assert measured["terms"]["backward"] > 1.3 * sim["terms"]["backward"]
     # the simulator charges GEMMs at peak: near the estimator's at-peak row, above its calibrated one
     assert 0.8 < sim["step_time"] / at_peak["step_time"] < 1.2
     assert sim["step_time"] < calibrated["step_time"]

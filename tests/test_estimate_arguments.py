@@ -14,6 +14,7 @@ import numbers
 import pytest
 
 import minidist.estimate as E
+from minidist.hardware import ROOFLINE, gpu
 
 # valid arguments where the defaults of the heuristic below do not make a valid call
 EXAMPLES: dict[str, dict] = {
@@ -100,6 +101,8 @@ EXAMPLES: dict[str, dict] = {
     "crossover_bytes": dict(alpha=5e-6, beta=1e11),
     "dp_all_reduce_bytes": dict(params=1e9, dp=8),
     "stage_orders": dict(schedule="1f1b", stages=2, microbatches=4),
+    "device_efficiency": dict(kernels=ROOFLINE, model=E.model("llama3_8b"), gpu=gpu("H100-80GB-SXM"), seq_len=1024,
+                              micro_batch=1, tp=1),
 }
 # not plain numbers in, number out: configs, fits, tables, the planner (checked in their own tests)
 SKIP = {"cluster", "model", "estimate_layout", "fit_efficiency", "format_table", "plan", "predict_megatron_tflops",

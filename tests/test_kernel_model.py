@@ -162,3 +162,46 @@ def test_the_estimator_lists_the_kernels_the_autograd_charges():
     assert [K.split(*c) for c in charged] == [K.split(o.name, o.flops, o.nbytes, o.shape) for o in pred]
     kinds = [k[0] for c in charged for k in K.split(*c)]
     assert kinds.count("softmax") == 2 * CFG.n_layers + 2  # attention forward and backward, the loss
+
+
+@pytest.mark.parametrize("kernels", ["measured", "roofline"])
+@pytest.mark.parametrize("d,layers,seq,batch", [(1024, 8, 1024, 8), (2048, 8, 2048, 4), (4096, 4, 2048, 2)])
+def test_the_planner_on_a_device_models_constants_predicts_that_device(kernels, d, layers, seq, batch):
+    """The planner's two constants read off a device model price one GPU's step as the simulator does on that
+    device, to within what the two count differently (the head, the embeddings, the optimizer, the host)."""
+    from minidist.estimate.device_efficiency import device_efficiency
+    from minidist.estimate.models import ModelConfig
+    from minidist.estimate.perf import Layout, estimate_layout
+
+    cluster = md.Cluster("H200-141GB-SXM", compute_dtype="bf16", kernels=kernels)
+    vocab, heads = 32768, 16
+    params = 12 * layers * d * d + 2 * vocab * d
+    spec = replace(md.estimate.cluster("dgx-h100"), gpu=H200)
+    model = ModelConfig("gpt", layers, d, heads, heads, 4 * d, vocab, seq, False, False, params, params, "")
+    eff = device_efficiency(cluster.kernel_model, model, H200, micro_batch=batch)
+    planned = estimate_layout(model, spec, Layout(flash=False, sp=False, zero_stage=0, micro_batch=batch), batch, seq,
+                              eff)
+    cfg = GPTConfig(vocab_size=vocab, seq_len=seq, d_model=d, n_layers=layers, n_heads=heads, d_ff=4 * d)
+    simulated = predict_train(cfg, ParallelConfig(), batch, cluster, dtype="float16")
+    assert planned.step_time == pytest.approx(simulated.step_time, rel=0.15)
+    if kernels == "measured":
+        assert 0.45 < eff.gemm < 0.8 and 150 < eff.overhead_bytes < 300
+
+
+def _two_products() -> tuple[float, float]:
+    md.dist.compute(seconds=1e-3, name="earlier work")  # the GPU is busy: the host issues both products ahead
+    flops, nbytes = 2 * 8192 * 512 * 8192, 2 * (2 * 8192 * 512 + 8192 * 8192)  # compute-bound
+    with_shape = md.dist.compute(flops, nbytes, "matmul", "bf16", shape=(1, 8192, 512, 8192))
+    without = md.dist.compute(flops, nbytes, "matmul", "bf16")
+    return with_shape, without
+
+
+def test_md_dist_compute_passes_a_products_shape_to_the_device_model():
+    (with_shape, without), = md.launch(_two_products, 1, cluster=MEASURED, backend="inprocess").values
+    m, peak = K.measured_kernels(), H200.peak("bf16")
+    fixed, work = m.launch + m.gemm_launch, 2 * 8192 * 512 * 8192 / (m.gemm_efficiency["bf16"] * peak)
+    # a short inner length leaves the tensor cores' pipeline partly empty: k / (k + gemm_inner) of the rate
+    assert with_shape == pytest.approx(fixed + work * (512 + m.gemm_inner) / 512)
+    assert without == pytest.approx(fixed + work)
+    (a, b), = md.launch(_two_products, 1, cluster=md.Cluster("H200-141GB-SXM"), backend="inprocess").values
+    assert a == b  # the ideal device prices the counts alone

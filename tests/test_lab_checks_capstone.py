@@ -175,3 +175,39 @@ def test_days_and_cost_accepts_the_reference_and_whole_steps_and_names_the_usual
         md.labs.check_days_and_cost(lambda s, t, k, o, g, p: cc._days_and_cost(s, t, k, 0.0, g, p))
     with pytest.raises(CheckFailed, match="the job pays for all its GPUs"):
         md.labs.check_days_and_cost(lambda s, t, k, o, g, p: cc._days_and_cost(s, t, k, o, 1, p))
+
+
+def test_busy_by_op_accepts_the_reference_and_names_the_usual_slips(capsys):
+    md.labs.check_busy_by_op(cc._busy_by_op)
+    assert "ok: busy_by_op: 3 runs, both devices" in capsys.readouterr().out
+
+    def whole_run(run, rank):  # every step, not the last one
+        out = {}
+        for e in run.trace.filter(rank=rank, stream="compute"):
+            out[e.name.split(".")[0]] = out.get(e.name.split(".")[0], 0.0) + e.end - e.start
+        return out
+
+    def by_name(run, rank):  # forward and backward apart
+        lo, hi = run.windows[rank][-1]
+        out = {}
+        for e in run.trace.filter(rank=rank, stream="compute"):
+            if lo <= e.start < hi:
+                out[e.name] = out.get(e.name, 0.0) + e.end - e.start
+        return out
+
+    with pytest.raises(CheckFailed, match="only the last step"):
+        md.labs.check_busy_by_op(whole_run)
+    with pytest.raises(CheckFailed, match="count a backward with its forward"):
+        md.labs.check_busy_by_op(by_name)
+    with pytest.raises(CheckFailed, match="return a dict"):
+        md.labs.check_busy_by_op(lambda run, rank: [])
+
+
+def test_a_step_from_the_measured_device_is_told_which_device_grades_it():
+    """The brief is judged on the ideal device; a design whose numbers come from the measured one is told so."""
+    pc = VALID["tp4 pp2 interleaved"]
+    measured = cc._simulated(BRIEF["model"], BRIEF["cluster"], pc, BRIEF["global_batch"], "measured")
+    ideal = cc._simulated(BRIEF["model"], BRIEF["cluster"], pc, BRIEF["global_batch"])
+    assert measured.step_time > 1.5 * ideal.step_time and measured.peaks == ideal.peaks
+    with pytest.raises(CheckFailed, match="your step is the measured device's: the brief is judged on the ideal"):
+        md.labs.check_design(_design(pc, step_time=measured.step_time), BRIEF)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,78 @@ def test_step_time_names_what_each_slip_leaves_out(capsys):
             md.labs.check_step_time(lambda ops, p, g, kw=kw: _step(ops, p, g, **kw))
     with pytest.raises(CheckFailed, match="not done yet"):
         md.labs.check_step_time(lambda *a: (_ for _ in ()).throw(NotImplementedError))
+
+
+def _measured(kernels, precision, gpu, km):
+    issued = clock = 0.0
+    for op, kind, flops, nbytes, inner in kernels:
+        if precision == "fp32" or op == "optimizer.step":
+            size, fmt = 4, "fp32"
+        elif op.startswith("matmul"):
+            size, fmt = (1 if precision == "fp8" else 2), precision
+        else:
+            size, fmt = 2, ("bf16" if precision == "fp8" else precision)
+        eff = km.gemm_efficiency["fp32" if fmt == "fp32" else "bf16"]
+        moved = nbytes * size / 4 / (km.bandwidth[kind] * gpu.hbm_bw)
+        if kind == "gemm":
+            gpu_s = km.launch + km.gemm_launch + max(flops / (eff * inner / (inner + km.gemm_inner) * gpu.peak(fmt)),
+                                                     moved)
+        elif kind in km.vector:
+            gpu_s = km.launch + max(flops / (km.vector[kind] * gpu.peak("fp32")), moved)
+        else:
+            gpu_s = km.launch + max(flops / (eff * gpu.peak(fmt)), moved)
+        issued += km.host[kind]
+        clock = max(clock, issued) + gpu_s
+    return clock
+
+
+def test_measured_step_time_names_each_idea_of_the_measured_device(capsys):
+    md.labs.check_measured_step_time(_measured)
+    assert "ok: measured_step_time" in capsys.readouterr().out
+    slips = {
+        "no fixed cost": ("km.launch on the GPU", lambda k, p, g, km: _measured(k, p, g, replace(
+            km, launch=0.0, gemm_launch=0.0))),
+        "no host": ("cannot start a kernel before the host", lambda k, p, g, km: _measured(k, p, g, replace(
+            km, host={x: 0.0 for x in km.host}))),
+        "vector at the format's peak": ("vector units", lambda k, p, g, km: _measured(k, p, g, replace(
+            km, vector={}))),
+        "no tile loss": ("inner length", lambda k, p, g, km: _measured(k, p, g, replace(km, gemm_inner=0.0))),
+        "full bandwidth": ("of the HBM bandwidth", lambda k, p, g, km: _measured(k, p, g, replace(
+            km, bandwidth={x: 1.0 for x in km.bandwidth}))),
+        "optimizer in bf16": ("master copy", lambda k, p, g, km: _measured(
+            [(("adam" if op == "optimizer.step" else op), *rest) for op, *rest in k], p, g, km)),
+        "microseconds": ("seconds, not microseconds", lambda k, p, g, km: 1e6 * _measured(k, p, g, km)),
+    }
+    for message, fn in slips.values():
+        with pytest.raises(CheckFailed, match=message):
+            md.labs.check_measured_step_time(fn)
+    with pytest.raises(CheckFailed, match="borrow bf16's fraction"):
+        md.labs.check_measured_step_time(lambda k, p, g, km: km.gemm_efficiency[p])
+    with pytest.raises(CheckFailed, match="not done yet"):
+        md.labs.check_measured_step_time(lambda *a: (_ for _ in ()).throw(NotImplementedError))
+
+
+def test_the_measured_step_reference_is_the_simulators_step():
+    """The check grades against what ``train`` measures on a measured device: every kernel listed as it is priced."""
+    from minidist.hardware.kernels import split
+    from minidist.labs.precision_checks import _measured_step
+    from minidist.parallel import train
+
+    km, listed = md.hardware.measured_kernels(), []
+
+    class Listing(md.hardware.KernelModel):
+        def kernels(self, name, flops, nbytes, fmt, peak, hbm_bw, fp32_peak, shape=()):
+            if fmt == "fp32" and (flops or nbytes):
+                listed.extend((name, kind, f, b, n if kind == "gemm" else 0)
+                              for kind, f, b, n in split(name, flops, nbytes, shape))
+            return super().kernels(name, flops, nbytes, fmt, peak, hbm_bw, fp32_peak, shape)
+
+    cluster = md.Cluster("H200-141GB-SXM", kernels=Listing(**vars(km)))
+    cfg = md.GPTConfig(vocab_size=64, seq_len=64, d_model=256, n_layers=1, n_heads=4)
+    kernels = None
+    for precision in (None, "bf16", "fp8"):  # the fp32 run first: its kernels are the list graded
+        run = train(cfg, steps=1, global_batch=16, dtype="float32", shape_only=True, backend="inprocess",
+                    precision=precision, cluster=cluster)
+        kernels = kernels or list(listed)
+        want = _measured_step(kernels, precision or "fp32", cluster.gpu, km)
+        assert run.time[-1] == pytest.approx(want, rel=1e-12)

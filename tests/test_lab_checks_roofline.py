@@ -67,3 +67,75 @@ def test_tiled_intensity_check_accepts_the_blocks_and_names_each_slip():
         md.labs.check_tiled_intensity(partial(_tiled, edges=False))
     with pytest.raises(CheckFailed, match="untiled ideal"):
         md.labs.check_tiled_intensity(lambda m, n, k, t, b: 2 * m * n * k / (b * (m * k + k * n + m * n)))
+
+
+def test_kernel_time_check_accepts_the_measured_device_and_names_each_slip(capsys):
+    from functools import partial
+
+    from minidist.labs.roofline_checks import _kernel_time
+
+    md.labs.check_kernel_time(_kernel_time)
+    assert "ok: _kernel_time" in capsys.readouterr().out
+    slips = [({"pipeline": "sum"}, "a max, not a sum"), ({"pipeline": "gpu"}, "waits for Python"),
+             ({"launch": False}, "fixed `launch`"), ({"gemm_extra": False}, "gemm_launch"),
+             ({"tiles": False}, "length / \\(length \\+ gemm_inner\\)"), ({"vector": False}, "fp32\\* peak"),
+             ({"long_rows": False}, "long_rows times")]
+    for kw, match in slips:
+        with pytest.raises(CheckFailed, match=match):
+            md.labs.check_kernel_time(partial(_kernel_time, **kw))
+
+
+def test_kernel_time_check_rejects_the_ideal_roofline_and_hard_coded_numbers():
+    from minidist.labs.roofline_checks import _kernel_time
+
+    def ideal(p, gpu, kind, fmt, flops, nbytes, length=0):
+        return max(flops / gpu.peak(fmt), nbytes / gpu.hbm_bw)
+
+    with pytest.raises(CheckFailed, match="ideal roofline"):
+        md.labs.check_kernel_time(ideal)
+
+    fitted = md.hardware.measured_kernels().parameters()
+
+    def h200_only(p, gpu, kind, fmt, flops, nbytes, length=0):  # ignores the parameters it is given
+        return _kernel_time(fitted, md.hardware.gpu("H200-141GB-SXM"), kind, fmt, flops, nbytes, length)
+
+    with pytest.raises(CheckFailed, match="faster host"):
+        md.labs.check_kernel_time(h200_only)
+
+    def stub(p, gpu, kind, fmt, flops, nbytes, length=0):
+        raise NotImplementedError
+
+    with pytest.raises(CheckFailed, match="not done yet"):
+        md.labs.check_kernel_time(stub)
+
+
+def test_kernel_time_reference_is_the_measured_device():
+    """The check's reference equals KernelModel.seconds on every one of the 91 measured kernels."""
+    from minidist.labs.roofline_checks import _kernel_time
+
+    model, h200 = md.hardware.measured_kernels(), md.hardware.gpu("H200-141GB-SXM")
+    p = model.parameters()
+    for m in md.hardware.load_measurements():
+        want = model.seconds(m.name, m.flops, m.nbytes, m.fmt, h200.peak(m.fmt), h200.hbm_bw, h200.peak("fp32"),
+                             m.shape)
+        assert _kernel_time(p, h200, m.kind, m.fmt, m.flops, m.nbytes, m.length) == pytest.approx(want, rel=1e-12)
+
+
+def test_half_roofline_work_check_accepts_the_knee_and_names_each_slip(capsys):
+    def right(host, launch, eff):
+        if eff <= 0.5:
+            return math.inf
+        return max(host / 2, launch / (2 - 1 / eff))
+
+    md.labs.check_half_roofline_work(right)
+    assert "ok: right" in capsys.readouterr().out
+    wrong = [(lambda h, l, e: max(h / 2, l / (2 - 1 / e)), "never reaches half"),  # no case for e <= 1/2
+             (lambda h, l, e: l / (2 - 1 / e) if e > 0.5 else math.inf, "the host needs"),
+             (lambda h, l, e: (h + l) / (2 - 1 / e) if e > 0.5 else math.inf, "not their sum"),
+             (lambda h, l, e: max(h / 2, l) if e > 0.5 else math.inf, "t / efficiency"),
+             (lambda h, l, e: max(h, l / (2 - 1 / e)) if e > 0.5 else math.inf, "twice"),
+             (lambda h, l, e: max(h / 2, l / (2 - 1 / e)) * 1e6 if e > 0.5 else math.inf, "units"),
+             (lambda h, l, e: None, "inf|number")]
+    for fn, match in wrong:
+        with pytest.raises(CheckFailed, match=match):
+            md.labs.check_half_roofline_work(fn)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
-LAB = "01_extended_roofline.ipynb"  # a quick lab with five exercises
+LAB = "01_extended_roofline.ipynb"  # a quick lab with seven exercises
 
 
 def course(tmp_path: Path, lab_source: Path, edit=None) -> Path:
@@ -47,7 +47,7 @@ def progress(root: Path) -> tuple[int, list[str]]:
 def test_an_unanswered_lab_lists_every_exercise_as_not_done(tmp_path):
     code, lines = progress(course(tmp_path, unanswered(tmp_path)))
     assert code == 1
-    assert len(lines) == 5, lines
+    assert len(lines) == 7, lines
     for line in lines:
         assert line.startswith("  [not done]") and "replace `raise NotImplementedError" in line, line
     assert "matmul_intensity (cell [3])" in lines[0]
@@ -56,7 +56,7 @@ def test_an_unanswered_lab_lists_every_exercise_as_not_done(tmp_path):
 def test_the_solution_copied_over_is_all_done(tmp_path):
     code, lines = progress(course(tmp_path, ROOT / "solutions" / LAB))
     assert code == 0
-    assert len(lines) == 5 and all(line.startswith("  [done]") for line in lines), lines
+    assert len(lines) == 7 and all(line.startswith("  [done]") for line in lines), lines
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from minidist.estimate.comm import (
     overlapped_time,
     ring_tree_crossover_bytes,
 )
+from minidist.estimate.device_efficiency import device_efficiency
 from minidist.estimate.economics import (
     break_even_hours,
     cost_per_token,
@@ -134,7 +135,7 @@ from minidist.estimate.strategies import (
 __all__ = [
     "activation_bytes", "algorithm_bandwidth", "ALGORITHMS", "arithmetic_intensity", "attainable_flops",
     "attention_scores_bytes", "batch_scaling_efficiency", "break_even_hours", "bucketed_all_reduce_time",
-    "bus_bandwidth", "CALIBRATED", "checkpoint_blocking_time", "checkpoint_overhead",
+    "bus_bandwidth", "CALIBRATED", "device_efficiency", "checkpoint_blocking_time", "checkpoint_overhead",
     "checkpointed_activation_bytes", "CHINCHILLA", "chinchilla_loss", "chinchilla_optimal", "cluster", "CLUSTERS",
     "ClusterSpec", "collective_bytes", "collective_time", "cost_per_token", "cp_ring_bytes_per_layer",
     "critical_batch_size", "crossover_bytes", "dp_all_reduce_bytes", "dp_compute_comm_ratio",

@@ -11,7 +11,14 @@ from minidist.labs.alpha_beta_checks import (
     check_real_fit,
     check_relay_time,
 )
-from minidist.labs.capstone_checks import Design, check_checkpoint_plan, check_days_and_cost, check_design, check_mfu_of
+from minidist.labs.capstone_checks import (
+    Design,
+    check_busy_by_op,
+    check_checkpoint_plan,
+    check_days_and_cost,
+    check_design,
+    check_mfu_of,
+)
 from minidist.labs.case_checks import check_implied_step, check_receptive_field, check_serving_memory
 from minidist.labs.check import CheckFailed
 from minidist.labs.collective_algebra_checks import check_all_reduce_rs_ag, check_fp_prediction, check_identity
@@ -31,6 +38,7 @@ from minidist.labs.data_parallel_checks import (
 from minidist.labs.economics_checks import (
     check_approx_params,
     check_cheapest_fleet,
+    check_measured_gap,
     check_memory_estimates,
     check_run_estimate,
     check_sandbox_mfu,
@@ -54,9 +62,20 @@ from minidist.labs.mesh_checks import (
     check_state_5d,
 )
 from minidist.labs.notebook import install as _install_notebook_errors
-from minidist.labs.overlap_checks import check_dualpipev_bubble, check_kv_cache_bytes, check_ring_matmul_time
+from minidist.labs.overlap_checks import (
+    check_dualpipev_bubble,
+    check_kv_cache_bytes,
+    check_ring_matmul_time,
+    check_ring_on_gpu,
+)
 from minidist.labs.pipeline_checks import check_1f1b_actions, check_bubble, check_walk_schedule
-from minidist.labs.precision_checks import check_loss_scale_update, check_max_finite, check_round_to, check_step_time
+from minidist.labs.precision_checks import (
+    check_loss_scale_update,
+    check_max_finite,
+    check_measured_step_time,
+    check_round_to,
+    check_step_time,
+)
 from minidist.labs.profiling_checks import (
     check_bus_bandwidth,
     check_diagnosis,
@@ -87,6 +106,8 @@ from minidist.labs.roofline_checks import (
     check_accumulation_steps,
     check_attainable,
     check_dp_network_intensity,
+    check_half_roofline_work,
+    check_kernel_time,
     check_matmul_intensity,
     check_tiled_intensity,
 )

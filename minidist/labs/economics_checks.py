@@ -98,6 +98,33 @@ def check_sandbox_mfu(value: float, n_params: int, tokens: int, seconds: float, 
     passed(f"sandbox MFU = {want:.1%}")
 
 
+def check_measured_gap(measured_mfu: float, gpu_wait: float, *, result, n_params: int, tokens: int,
+                       peak: float) -> None:
+    """Lab 03's step on the measured device: ``measured_mfu`` is the MFU of rank 0's compute window (``result[0][0]``
+    seconds), ``gpu_wait`` the share of that window in which rank 0's GPU runs no kernel (the window less the busy
+    time of its compute-stream events, over the window). Both are computed here from ``result`` itself."""
+    seconds = float(result[0][0])
+    busy = sum(e.end - e.start for e in result.trace.filter(rank=0, stream="compute"))
+    want_mfu, want_wait = 6 * n_params * tokens / (seconds * peak), 1 - busy / seconds
+    mfu = number("measured_mfu", measured_mfu, "measured_mfu is one number: the MFU as a fraction")
+    wait = number("gpu_wait", gpu_wait, "gpu_wait is one number: a share of the step (0.5 for half of it)")
+    if not math.isclose(mfu, want_mfu, rel_tol=1e-9):
+        hint = "the same MFU formula as sandbox_mfu, on the measured device's compute window"
+        if math.isclose(mfu, 100 * want_mfu, rel_tol=1e-3):
+            hint = "give MFU as a fraction of the peak, not in percent"
+        elif math.isclose(mfu, 6 * n_params * tokens / (busy * peak), rel_tol=1e-9):
+            hint = "MFU divides by the whole step, the time the GPU waits included, not by its busy time alone"
+        fail("measured MFU", want_mfu, mfu, hint)
+    if not math.isclose(wait, want_wait, rel_tol=1e-9, abs_tol=1e-12):
+        hint = "the share of the window in which rank 0's compute stream runs nothing: 1 - busy / window"
+        if math.isclose(wait, busy / seconds, rel_tol=1e-9):
+            hint = "that is the share in which the GPU works; the question asks for the share in which it waits"
+        elif math.isclose(wait, 100 * want_wait, rel_tol=1e-3):
+            hint = "a share (0.5 for half the step), not a percentage"
+        fail("GPU wait share", want_wait, wait, hint)
+    passed(f"measured MFU = {want_mfu:.2%}; the GPU waits {want_wait:.0%} of the step")
+
+
 def _fleet(params, tokens, batch_tokens, options, deadline_days, peak, mfu, price, alpha, beta, *, comm=True,
            deadline=True):
     """The reference: for each GPU count, a step is the compute share plus one ring all-reduce of the bf16

@@ -1,6 +1,7 @@
 """Checks for lab 22, overlap and architecture-aware efficiency (book chapters 31 and 31a): the time of a ring
-decomposed under its matmuls, against the simulated clock's rule; the bytes of a key-value cache, against
-``md.nn.kv_cache_bytes``; and DualPipeV's bubble. Every case is drawn here, none is printed by the lab."""
+decomposed under its matmuls, against the simulated clock's rule, on the ideal device and on a measured one whose
+host issues each product; the bytes of a key-value cache, against ``md.nn.kv_cache_bytes``; and DualPipeV's
+bubble. Every case is drawn here, none is printed by the lab."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidist.labs.check import attempt, check_cases, fail, number, passed
+from minidist.labs.check import attempt, check_cases, fail, number, numbers_of, passed
 
 
 def _ring(matmul: list[float], message: list[float], gather: bool) -> float:
@@ -59,6 +60,86 @@ def check_ring_matmul_time(fn: Callable[[list[float], list[float], bool], float]
             fail(f"{shown} is wrong", want, got, hint or "walk the steps in order: when can each step start, and "
                  "what runs beside its product?")
     passed(f"ring_matmul_time: {len(trials)} rings, all-gather and reduce-scatter")
+
+
+def _on_gpu(whole: float, piece: float, message: float, host: float, t: int, host_ahead: bool = True,
+            host_for_each: bool = True, send_first: bool = True, last_message: bool = False,
+            plain_overlaps_host: bool = True) -> tuple[float, float]:
+    """(plain, decomposed) all-gather + matmul on a measured device, from a start where the GPU and the host are
+    both idle: the host needs ``host`` seconds to issue each product (the clock charges it for kernels only, not
+    for the collectives' calls) and a product starts once the GPU is free and the host has issued it. The switches
+    turn off one idea each, for the hints."""
+    plain = (max((t - 1) * message, host) if plain_overlaps_host else (t - 1) * message + host) + whole
+    clock = issued = 0.0
+    for s in range(t):
+        if host_ahead:
+            issued = issued + host if host_for_each or s == 0 else issued
+        else:  # the host waits for the GPU before issuing the next product
+            issued = clock + host
+        begin = max(clock, issued)
+        sent = clock if send_first else begin  # the shard leaves as the step begins, before its product starts
+        end = begin + piece
+        clock = max(end, sent + message) if s < t - 1 or last_message else end
+    return plain, clock
+
+
+def check_ring_on_gpu(fn: Callable[[float, float, float, float, int], tuple]) -> None:
+    """``fn(whole, piece, message, host, t) -> (plain, decomposed)``: seconds of the all-gather followed by one
+    product (GPU seconds ``whole``) and of the decomposed ring of ``t`` products (``piece`` each) under
+    ``t - 1`` messages, on a device whose host needs ``host`` seconds to issue each product, from a start where
+    the GPU and the host are both idle."""
+    rng = np.random.default_rng(2234)
+    trials = [(10.0, 4.0, 2.0, 0.0, 4), (10.0, 4.0, 1.0, 30.0, 3), (6.0, 6.0, 0.0, 3.0, 1)]
+    for k in range(18):
+        t = int(rng.integers(2, 9))
+        piece = round(float(rng.uniform(1, 60)), 2)
+        whole = round(piece * float(rng.uniform(1, t)), 2)
+        host = 0.0 if k % 6 == 0 else round(float(rng.uniform(1, 40)), 2)
+        trials.append((whole, piece, round(float(rng.uniform(0.5, 60)), 2), host, t))
+    names = ("plain", "decomposed")
+    wrong = {
+        "the GPU cannot start a product before the host has issued it: the host, idle at the start, issues the "
+        "products one after another, `host` seconds each": dict(host=0.0),
+        "the host does not wait for the GPU: it issues the next product while the current one runs, so the s-th "
+        "product (counting from 1) is issued at s x host": dict(host_ahead=False),
+        "every piece is a kernel of its own: the host issues each of the t products, not one":
+            dict(host_for_each=False),
+        "the shard leaves as its step begins, before the host has issued the product (the clock charges the host "
+        "for the products only)": dict(send_first=False),
+        "the last step sends nothing: there are t products but t - 1 messages": dict(last_message=True),
+        "the host issues the plain product while the all-gather runs: the product starts at the later of the "
+        "gather's end and its issue": dict(plain_overlaps_host=False),
+    }
+    def variant(kw: dict, whole, piece, message, host, t) -> tuple[float, float]:
+        return _on_gpu(whole, piece, message, kw.get("host", host), t,
+                       **{k: v for k, v in kw.items() if k != "host"})
+
+    answers = []  # every trial's answer first: a slip is named by the variant that explains all of them
+    for whole, piece, message, host, t in trials:
+        shown = f"ring_on_gpu(whole={whole}, piece={piece}, message={message}, host={host}, t={t})"
+        answers.append(numbers_of(shown, attempt("ring_on_gpu", fn, whole, piece, message, host, t, shown=shown),
+                                  names))
+    for args, got in zip(trials, answers):
+        want = _on_gpu(*args)
+        if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want)):
+            continue
+        whole, piece, message, host, t = args
+        shown = f"ring_on_gpu(whole={whole}, piece={piece}, message={message}, host={host}, t={t})"
+        if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want[::-1])):
+            fail(f"{shown} is wrong", want, tuple(got), "return (plain, decomposed), in that order")
+        which = 0 if not math.isclose(got[0], want[0], rel_tol=1e-9) else 1
+
+        def explains(kw: dict, cases) -> bool:
+            return all(math.isclose(a[which], variant(kw, *c)[which], rel_tol=1e-9) for c, a in cases)
+
+        here = [h for h, kw in wrong.items() if explains(kw, [(args, got)])
+                and not math.isclose(variant(kw, *args)[which], want[which], rel_tol=1e-9)]
+        everywhere = [h for h in here if explains(wrong[h], list(zip(trials, answers)))]
+        hint = (everywhere or here or [None])[0]
+        fail(f"{shown}: {names[which]} is wrong", want[which], got[which],
+             hint or ("the plain version gathers, then runs one product; the ring's step s starts when step s - 1 "
+                      "has finished both its product and its message, and its product waits for the host"))
+    passed(f"ring_on_gpu: {len(trials)} rings, host-bound, message-bound and product-bound")
 
 
 def _configs(rng: np.random.Generator) -> list[tuple]:

@@ -1,6 +1,7 @@
 """Checks for lab 21, reduced precision (book chapter 30): a format's largest number, rounding to nearest
 even with subnormals, the dynamic loss-scaling rule, each against ``md.precision``, and the time of a
-mixed-precision step against the charges of ``md.parallel.train(precision=...)``."""
+mixed-precision step against the charges of ``md.parallel.train(precision=...)``, on the ideal device and, kernel
+by kernel, on the measured one (``Cluster(kernels="measured")``)."""
 
 from __future__ import annotations
 
@@ -176,3 +177,138 @@ def check_step_time(fn: Callable[[list, str, object], float]) -> None:
                  hint or "charge each op by the roofline, with the bytes per element and the peak its kind has "
                          "in the recipe")
     passed(f"step_time: {len(trials)} op lists on H100 and A100")
+
+
+# -- the same step on a measured GPU ----------------------------------------------------------------------------
+def _measured_step(kernels, precision, gpu, km, charges=_CHARGES, optimizer_fp32=True, vector_fp32=True,
+                   launch=True, tiles=True, efficiency=True, bandwidth=True, host="pipeline") -> float:
+    """Seconds of an fp32 run's kernels ``(op, kind, flops, bytes, inner)`` under ``precision`` on the measured
+    device ``km`` (``hardware/kernels.py``); the switches turn off one idea each, for the hints."""
+    issued = clock = 0.0
+    for op, kind, flops, nbytes, inner in kernels:
+        which = "fp32" if optimizer_fp32 and op == "optimizer.step" else precision
+        size, fmt = charges[which][0 if op.startswith("matmul") else 1]
+        nbytes = nbytes * size / 4
+        eff = km.gemm_efficiency["fp32" if fmt == "fp32" else "bf16"] if efficiency else 1.0
+        moved = nbytes / ((km.bandwidth[kind] if bandwidth else 1.0) * gpu.hbm_bw)
+        fixed = (km.launch + (km.gemm_launch if kind == "gemm" else 0.0)) if launch else 0.0
+        if kind == "gemm":
+            share = inner / (inner + km.gemm_inner) if tiles and inner else 1.0
+            work = flops / (eff * share * gpu.peak(fmt))
+        elif kind in km.vector:
+            work = flops / (km.vector[kind] * gpu.peak("fp32")) if vector_fp32 else flops / (eff * gpu.peak(fmt))
+        else:
+            work = flops / (eff * gpu.peak(fmt))
+        seconds = fixed + max(work, moved)
+        if host == "pipeline":  # the host issues kernel after kernel; the GPU starts one once it is free and issued
+            issued += km.host[kind]
+            clock = max(clock, issued) + seconds
+        elif host == "serial":  # the host waits for each kernel before issuing the next
+            clock += km.host[kind] + seconds
+        elif host == "per kernel":  # each kernel alone, as a benchmark loop of it runs
+            clock += max(km.host[kind], seconds)
+        else:
+            clock += seconds
+    return clock
+
+
+_KERNEL_KINDS = (("matmul", "gemm"), ("matmul.backward", "gemm"), ("scaled_dot_product_attention", "gemm"),
+                 ("scaled_dot_product_attention", "softmax"), ("scaled_dot_product_attention.backward", "elementwise"),
+                 ("layer_norm", "norm"), ("layer_norm.backward", "norm"), ("gelu", "activation"),
+                 ("gelu.backward", "activation"), ("add", "elementwise"), ("mul.backward", "elementwise"),
+                 ("cross_entropy", "softmax"), ("embedding", "elementwise"), ("optimizer.step", "elementwise"))
+
+
+def _kernel_list(rng: np.random.Generator, n: int, scale: int) -> list[tuple[str, str, float, float, int]]:
+    """An fp32 run's kernels: products with inner lengths from 16 to 4096, vector kernels on either side of
+    their ceiling, and sizes from a few microseconds of host to milliseconds of GPU (``scale``: log2 of the
+    largest tensor's elements)."""
+    out = []
+    for _ in range(n):
+        op, kind = _KERNEL_KINDS[int(rng.integers(len(_KERNEL_KINDS)))]
+        nbytes = 4.0 * float(rng.integers(1, 16)) * 2.0 ** int(rng.integers(scale - 10, scale))
+        if kind == "gemm":
+            intensity, inner = 2.0 ** rng.uniform(1, 10), int(2 ** rng.integers(4, 13))
+        else:
+            intensity, inner = (2.0 ** rng.uniform(-1.5, 1.5) if kind in ("norm", "activation", "softmax")
+                                else 2.0 ** rng.uniform(-4, -1)), 0
+        out.append((op, kind, float(np.floor(nbytes * intensity)), nbytes, inner))
+    return out
+
+
+def _other_device(rng: np.random.Generator, km):
+    """``km`` with every fitted number moved by up to a factor of two: an answer must read the model's fields."""
+    from dataclasses import replace
+
+    def move(v, cap=None):
+        x = v * 2.0 ** rng.uniform(-1, 1)
+        return min(x, cap) if cap else x
+
+    return replace(km, launch=move(km.launch), gemm_launch=move(km.gemm_launch), gemm_inner=move(km.gemm_inner),
+                   host={k: move(v) for k, v in km.host.items()},
+                   gemm_efficiency={k: move(v, 0.95) for k, v in km.gemm_efficiency.items()},
+                   bandwidth={k: move(v, 0.95) for k, v in km.bandwidth.items()},
+                   vector={k: move(v, 0.5) for k, v in km.vector.items()}, name="another fit")
+
+
+def check_measured_step_time(fn: Callable[[list, str, object, object], float]) -> None:
+    """``fn(kernels, precision, gpu, km)``: simulated seconds of an fp32 run's kernels, each ``(op, kind, flops,
+    bytes, inner)``, run under ``precision`` on the measured device ``km`` (``md.hardware.measured_kernels()`` or
+    another fit), as ``md.parallel.train(precision=..., cluster=md.Cluster(gpu, kernels=km))`` charges them."""
+    from minidist.hardware.kernels import measured_kernels
+    from minidist.hardware.specs import gpu as gpu_named
+
+    rng = np.random.default_rng(2132)
+    fitted = measured_kernels()
+    trials = [([("matmul", "gemm", 2e12, 6e8, 4096)], "fp8", "H200-141GB-SXM", fitted),
+              ([("layer_norm", "norm", 4e8, 4e8, 0), ("optimizer.step", "elementwise", 1e6, 8e7, 0)], "bf16",
+               "H200-141GB-SXM", fitted)]
+    for name in ("H200-141GB-SXM", "H100-80GB-SXM"):
+        for p in ("fp32", "bf16", "fp16", "fp8"):
+            for scale in (14, 26):  # host-bound lists and GPU-bound ones
+                km = fitted if rng.random() < 0.5 else _other_device(rng, fitted)
+                trials.append((_kernel_list(rng, int(rng.integers(2, 40)), scale), p, name, km))
+    wrong = {
+        "the host issues the next kernel while the GPU runs this one: keep the time up to which the host has "
+        "issued (km.host[kind] per kernel, one after another) and start each kernel at the later of that and the "
+        "end of the previous kernel": dict(host="serial"),
+        "the GPU cannot start a kernel before the host has issued it: add the host's running time, km.host[kind] "
+        "per kernel, and start each kernel at the later of the GPU being free and the host having issued it":
+            dict(host="none"),
+        "a kernel timed alone in a loop costs max(host, GPU), but in a step the host runs ahead while a long kernel "
+        "runs: keep one running time for the host and one for the GPU": dict(host="per kernel"),
+        "every kernel pays km.launch on the GPU before its work, and a product km.gemm_launch more: fixed costs "
+        "that no format shrinks": dict(launch=False),
+        "norms, softmax and activations compute on the vector units at km.vector[kind] of the fp32 peak whatever "
+        "format they store: their arithmetic does not speed up in bf16": dict(vector_fp32=False),
+        "a product of inner length k reaches only k / (k + km.gemm_inner) of its efficiency":
+            dict(tiles=False),
+        "a product reaches km.gemm_efficiency of its format's peak, never the whole peak": dict(efficiency=False),
+        "each kind of kernel reaches km.bandwidth[kind] of the HBM bandwidth, not all of it": dict(bandwidth=False),
+        "the optimizer updates the fp32 master copy and its moments: its kernels keep fp32's bytes and peak":
+            dict(optimizer_fp32=False),
+        "in the fp8 recipe only the products take 1-byte operands at fp8's peak; the other ops stay in bf16":
+            dict(charges={**_CHARGES, "fp8": ((1, "fp8"), (1, "fp8"))}),
+        "fp8 products read 1-byte operands, not bf16's 2": dict(charges={**_CHARGES, "fp8": ((2, "fp8"), (2, "bf16"))}),
+        "the format also shrinks the bytes every kernel moves, not only the products' peak":
+            dict(charges={k: ((4, a[1]), (4, b[1])) for k, (a, b) in _CHARGES.items()}),
+    }
+    for kernels, precision, name, km in trials:
+        g = gpu_named(name)
+        want = _measured_step(kernels, precision, g, km)
+        shown = f"measured_step_time(<{len(kernels)} kernels>, {precision!r}, {name}, <{km.name}>)"
+        got = number(shown, attempt("measured_step_time", fn, list(kernels), precision, g, km, shown=shown,
+                                    hint="a KeyError on km.gemm_efficiency? fp16 and fp8 were never measured: "
+                                         "they borrow bf16's fraction"))
+        if not np.isclose(got, want, rtol=1e-9, atol=0):
+            hint = next((h for h, kw in wrong.items()
+                         if np.isclose(got, _measured_step(kernels, precision, g, km, **kw), rtol=1e-9, atol=0)),
+                        None)
+            if hint is None and np.isclose(got, want * 1e6, rtol=1e-6):
+                hint = "give seconds, not microseconds"
+            fail(f"{shown} with kernels {kernels[:2]}{' ...' if len(kernels) > 2 else ''}", want, got,
+                 hint or "price each kernel by its kind (a fixed cost, then the slower of its arithmetic at the "
+                         "fraction of peak its kind reaches and its bytes at its fraction of the bandwidth), with "
+                         "the bytes and format the recipe gives its op, and let the host issue them in order")
+    passed(f"measured_step_time: {len(trials)} kernel lists, host-bound and GPU-bound, on H200 and H100, the fitted "
+           "device and others")

@@ -16,7 +16,7 @@ of Megatron-LM and the Llama 3 report), with the fullest rank's memory and the w
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class ScaleStep:
     simulated_ranks: int
     wall_seconds: float
     compute_time: float = 0.0  # the busiest rank's seconds of compute in the step; the rest is waiting
+    result: object = field(default=None, repr=False)  # the TrainResult (its trace, for a budget of the step)
 
     @property
     def fits(self) -> bool:
@@ -109,9 +110,11 @@ def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int,
                   precision: str = "bf16", timeout: float = 3600) -> ScaleStep:
     """Time one training step of ``model`` laid out by ``parallel`` on ``parallel.world_size`` simulated GPUs.
 
-    Shape-only in 2-byte arrays (so activations and messages are booked as a bf16 run holds them), products
-    charged at ``precision``'s peak, one representative rank per pipeline stage. Raises the ledger's
-    ``OutOfMemoryError`` (naming the rank and the categories) when the layout does not fit.
+    ``cluster`` sets the GPU, the links and the device model (``md.Cluster(kernels="measured")`` for kernels timed
+    as a real GPU runs them, the ideal roofline by default). Shape-only in 2-byte arrays (so activations and
+    messages are booked as a bf16 run holds them), products charged at ``precision``'s peak, one representative rank
+    per pipeline stage. Raises the ledger's ``OutOfMemoryError`` (naming the rank and the categories) when the
+    layout does not fit.
     """
     cluster = Cluster() if cluster is None else cluster
     start = time.perf_counter()
@@ -132,5 +135,5 @@ def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int,
                      peak_memory=float(res.peak_memory[fullest]), breakdown=dict(res.peak_breakdown[fullest]),
                      hbm_bytes=float(hbm), num_params=int(res.num_params), gpus=gpus,
                      simulated_ranks=len(set(representatives(parallel))), wall_seconds=wall,
-                     compute_time=max(busy, default=0.0))
+                     compute_time=max(busy, default=0.0), result=res)
 

@@ -65,8 +65,8 @@ def _label(trace: Trace, rank: int, e, axis) -> str:
     if axis is None:
         return e.name
     carried: dict[str, float] = defaultdict(float)
-    for x in trace.events:
-        if x.rank == rank and x.stream == "link" and e.start <= x.start and x.end <= e.end:
+    for x in trace.rank_events(rank):
+        if x.stream == "link" and e.start <= x.start and x.end <= e.end:
             carried[axis(rank, int(x.name.split("->")[1]))] += x.nbytes
     return f"{e.name}@{max(carried, key=carried.get) if carried else 'local'}"
 
@@ -78,10 +78,11 @@ def step_budget(trace: Trace, rank: int, start: float, end: float, axis=None) ->
     messages crossed (``exposed:all_reduce@dp``); ``axis_of(config)`` builds it for a ``ParallelConfig``."""
     if not end > start:
         raise ValueError(f"step_budget: the window must have end > start, got [{start}, {end})")
-    comp = sorted((max(e.start, start), min(e.end, end), e.name) for e in trace.events
-                  if e.rank == rank and e.stream == "compute" and e.end > start and e.start < end and e.end > e.start)
-    comm = sorted((max(e.start, start), min(e.end, end), _label(trace, rank, e, axis)) for e in trace.events
-                  if e.rank == rank and e.stream == "comm" and e.end > start and e.start < end and e.end > e.start)
+    mine = trace.rank_events(rank)
+    comp = sorted((max(e.start, start), min(e.end, end), e.name) for e in mine
+                  if e.stream == "compute" and e.end > start and e.start < end and e.end > e.start)
+    comm = sorted((max(e.start, start), min(e.end, end), _label(trace, rank, e, axis)) for e in mine
+                  if e.stream == "comm" and e.end > start and e.start < end and e.end > e.start)
     cuts = sorted({start, end, *(t for s, e, _ in comp + comm for t in (s, e))})
     b = Budget(rank, start, end)
     parts: dict[str, float] = defaultdict(float)
