@@ -224,3 +224,19 @@ def test_gantt_chart_and_explorer():
     box = pipeline_explorer("zb-h1", 4, 8)
     box.children[1].children[0].value = 12  # m: redraws without error
     plt.close("all")
+
+
+@pytest.mark.parametrize("p, m", list(itertools.product((2, 3, 4, 8), (8, 16))))
+def test_zb_h1_bubble_with_its_own_pass_costs(p, m):
+    """ZB-H1 with unequal passes: each fill-and-drain slot idles F + I - W, never less than the longer of F and I
+    (a W longer than that cannot hide what a stage waits for)."""
+    rng = np.random.default_rng(p * 100 + m)
+    for f, i, w in [(1.0, 1.0, 0.36), (1.0, 0.8, 1.5), (0.5, 1.2, 0.2), *rng.uniform(0.1, 2.0, (6, 3)).tolist()]:
+        walked = bubble_fraction(simulate(zb_h1(p, m), F=f, I=i, W=w))
+        assert walked == pytest.approx(md.estimate.pipeline_bubble(p, m, "zb-h1", costs=(f, i, w)), abs=1e-12)
+    equal = md.estimate.pipeline_bubble(p, m, "zb-h1")
+    assert md.estimate.pipeline_bubble(p, m, "zb-h1", costs=(2.0, 2.0, 2.0)) == equal
+    with pytest.raises(ValueError, match="costs must be"):
+        md.estimate.pipeline_bubble(p, m, "zb-h1", costs=(1.0, 0.0, 1.0))
+    with pytest.raises(ValueError, match="dualpipev's bubble with unequal passes is not"):
+        md.estimate.pipeline_bubble(p, m, "dualpipev", costs=(1.0, 1.0, 1.0))

@@ -9,20 +9,28 @@ fraction of the whole pipeline span* (bubble / (work + bubble)), e.g. (p-1)/(m+p
 
 from __future__ import annotations
 
+import math
+
 from minidist.estimate._check import choice, count, nonnegative
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipe", "dualpipev")
 
 
-def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: int) -> float:
-    """Bubble time divided by useful time, with equal forward, input-backward and weight-backward costs."""
+def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: int,
+                      costs: tuple[float, float, float] | None = None) -> float:
+    """Bubble time divided by useful time; ``costs`` = (F, I, W), a micro-batch's forward, input-gradient and
+    weight-gradient passes (default equal). Only ZB-H1 depends on them: the others' bubble is whole passes."""
     p, m, v = stages, microbatches, virtual
     if schedule in ("gpipe", "1f1b"):
         return (p - 1) / m
     if schedule == "interleaved":
         return (p - 1) / (m * v)
-    if schedule == "zb-h1":  # Qi et al. 2024: (p-1)(T_F + T_B - T_W) with T_F = T_B = T_W: a third of 1F1B
-        return (p - 1) / (3 * m)
+    if schedule == "zb-h1":
+        # Qi et al. 2024: each of the p - 1 fill-and-drain slots idles F + I - W, the deferred W filling the
+        # rest; a W longer than F or I cannot shrink it below the longer of the two, which some stage waits for
+        # in any case (tests/test_pipeline_schedules.py walks the schedule for both cases)
+        f, i, w = costs or (1.0, 1.0, 1.0)
+        return (p - 1) * max(f + i - w, f, i) / (m * (f + i + w))
     if schedule == "zb-h2":  # fills the bubble completely at (2p-1) micro-batches of activation memory
         return 0.0
     if schedule == "dualpipev":  # md.parallel's V placement: the fill and the drain in half-stage chunks, so
@@ -35,11 +43,15 @@ def _bubble_over_work(stages: int, microbatches: int, schedule: str, virtual: in
 
 
 def pipeline_bubble(stages: int, microbatches: int, schedule: str = "1f1b", virtual: int = 1,
-                    relative_to: str = "total") -> float:
-    """Idle fraction of a pipeline with ``stages`` stages and ``microbatches`` micro-batches.
+                    relative_to: str = "total", costs: tuple[float, float, float] | None = None) -> float:
+    """Idle fraction of a pipeline with ``stages`` stages and ``microbatches`` micro-batches (``m >= p`` beyond
+    GPipe and 1F1B).
 
     relative_to="total" (default): bubble / (work + bubble), i.e. gpipe and 1f1b (p-1)/(m+p-1);
-    interleaved with v virtual stages per device (p-1)/(m v + p-1); zb-h1 (p-1)/(3m + p-1);
+    interleaved with v virtual stages per device (p-1)/(m v + p-1); zb-h1 (p-1)/(3m + p-1) with equal passes,
+    (p-1) max(F + I - W, F, I) / (m (F + I + W)) of the work for ``costs=(F, I, W)``, the seconds of a
+    micro-batch's forward, input-gradient and weight-gradient passes (under the roofline W is a third of F:
+    the deferred weight gradients fill less of the bubble than equal passes promise);
     zb-h2 0; dualpipe (p-2)/(3m + p-2) (DeepSeek-V3's (p/2 - 1)(F&B + B - 3W) with F = I = W); dualpipev
     (md.parallel's V-shaped schedule) (p-1)/(6m + p-1).
     relative_to="ideal": bubble / work, i.e. (p-1)/m, (p-1)/(m v), (p-1)/(3m), 0, (p-2)/(3m).
@@ -50,7 +62,15 @@ def pipeline_bubble(stages: int, microbatches: int, schedule: str = "1f1b", virt
     choice(fn, "relative_to", relative_to, ("total", "ideal"))
     if v != 1 and schedule != "interleaved":
         raise ValueError(f"{fn}: virtual={v} needs schedule='interleaved', got {schedule!r}")
-    r = _bubble_over_work(p, m, schedule, v)
+    if costs is not None:
+        if not (isinstance(costs, (tuple, list)) and len(costs) == 3
+                and all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0
+                        for c in costs)):
+            raise ValueError(f"{fn}: costs must be (F, I, W), three positive finite seconds, got {costs!r}")
+        if schedule in ("zb-h2", "dualpipe", "dualpipev"):
+            raise ValueError(f"{fn}: costs are modelled for zb-h1 (and do not change gpipe, 1f1b, interleaved); "
+                             f"{schedule}'s bubble with unequal passes is not, got costs={costs!r}")
+    r = _bubble_over_work(p, m, schedule, v, None if costs is None else tuple(map(float, costs)))
     return r if relative_to == "ideal" else r / (1 + r)
 
 

@@ -115,7 +115,8 @@ class PipelineExecutor:
             ch.hooks = hooks
 
     def _split(self) -> None:
-        """Give this stage's Linears (dense or column-parallel) a splittable backward, on the first I action."""
+        """Give this stage's Linears (dense or column-parallel) a splittable backward (once, before a schedule
+        with I and W passes runs its first forward)."""
         if not self._wrapped:
             for ch in self.chunks:
                 self.store.split(*[ch.model.blocks[i] for i in range(ch.lo, ch.hi)],
@@ -150,6 +151,10 @@ class PipelineExecutor:
         like = next(iter(self.model.parameters())).data  # shape-only models receive shape-only activations
         inputs, outputs, recv, tokens, sends, routers = {}, {}, {}, {}, [], {}
         losses = 0.0
+        if any(a.op == "I" for a in schedule.actions[self.stage]):
+            # before the first forward: a micro-batch whose forward ran through a plain Linear would compute its
+            # weight gradients inside its I pass, leaving its W empty and the bubble the W was meant to fill
+            self._split()
         for a in schedule.actions[self.stage]:
             key = (a.mb, a.chunk)
             vs = virtual_stage(self.placement, self.p, self.stage, a.chunk)
