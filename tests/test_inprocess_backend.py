@@ -144,6 +144,34 @@ def test_a_rank_looping_forever_is_stopped_at_the_deadline():
     assert time.monotonic() - t < 4
 
 
+
+@pytest.mark.parametrize("limit, why", [({"deadline": 1.0}, "at the launch's deadline of 1 s"),
+                                        ({"timeout": 1.0}, r"at 1 s \(the timeout\) after rank 0 returned")])
+def test_a_rank_that_never_gives_the_turn_back_is_abandoned_and_named(limit, why):
+    """A rank blocked in C (a lock here; time.sleep alike) runs no Python, so no exception can stop it: the launch
+    still ends soon after its limit, naming the rank and its line, and the abandoned thread blocks nothing."""
+    release, before = threading.Event(), set(threading.enumerate())
+
+    def fn():
+        if dist.get_rank() == 1:
+            release.wait()  # the line the error names
+        return dist.get_rank()
+
+    t = time.monotonic()
+    with pytest.raises(RankError, match=f"rank 1 failed with DeadlineExceeded: rank 1 was still running its own code "
+                                        f"{why} and was stopped; .* it is abandoned") as info:
+        launch(fn, 3, backend="inprocess", quiet=True, **limit)
+    assert time.monotonic() - t < 8
+    assert "release.wait()  # the line the error names" in str(info.value)
+    assert list(launch(fn, 1, backend="inprocess")) == [0]  # a later launch works, in the launcher's own state
+    assert get_cost_hook() is None and md.is_grad_enabled()
+    left = set(threading.enumerate()) - before
+    assert [th.daemon for th in left] == [True]
+    release.set()  # the abandoned thread ends by itself once its call returns, changing nothing
+    for th in left:
+        th.join(5)
+        assert not th.is_alive()
+
 def test_shape_only_messages_carry_no_bytes_and_cost_their_size():
     from minidist.autograd.shape_only import ShapeArray, empty
     from minidist.estimate.comm import collective_time

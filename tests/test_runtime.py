@@ -17,6 +17,14 @@ from minidist.hardware.cluster import Cluster
 from minidist.runtime import RankError, launch
 
 
+def _as_in_a_terminal() -> None:
+    """In the script's process, before it starts: SIGINT delivered as a terminal delivers it. A test run started
+    with SIGINT ignored (``make test &`` from a script, as some CI runners start it) would pass the ignored
+    disposition on, and minidist rightly leaves an ignored SIGINT alone: the interrupt tests would then test
+    nothing but the inheritance."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _shm_entries(pid: int | None = None):
     """The shared-memory segments of process ``pid`` (default: this one; launch names them minidist_<pid>_...):
     other processes on the machine may use /dev/shm as they like."""
@@ -357,7 +365,7 @@ def test_keyboard_interrupt_tears_everything_down(tmp_path, method):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT))
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "pid"), method],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_as_in_a_terminal)
     deadline = time.monotonic() + 30
     while len(list(tmp_path.glob("pid.*"))) < 3:
         assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
@@ -428,7 +436,8 @@ def _launching(tmp_path, method: str):
     script.write_text(INTERRUPTED)
     marker = f"MINIDIST_TEST_{os.getpid()}_{time.monotonic_ns()}"
     proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker})
+                            stderr=subprocess.PIPE, env={**os.environ, "MINIDIST_TEST_MARKER": marker},
+                            preexec_fn=_as_in_a_terminal)
     assert proc.stdout.readline() == b"launching\n"
     return proc, marker
 
@@ -518,6 +527,25 @@ def test_a_killed_parent_leaves_no_rank_and_no_segment(tmp_path, method, delays)
         assert _processes_with(marker) == [], f"{method}: ranks orphaned by a parent killed {delay} s in"
         assert _shm_entries(proc.pid) == [], f"{method}: segment leaked by a parent killed {delay} s in"
 
+
+
+@pytest.mark.parametrize("method, delays", [("spawn", [0.05, 0.4, 1.5]), ("fork", [0.05, 0.3])])
+def test_a_killed_process_group_leaves_no_segment(tmp_path, method, delays):
+    """SIGKILL the launcher's whole process group (a terminal's kill, a Jupyter kernel restart), which takes every
+    helper process with it, while spawned ranks still import or already run: no segment is left in /dev/shm."""
+    script = tmp_path / "launching.py"
+    script.write_text(INTERRUPTED)
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        assert proc.stdout.readline() == b"launching\n"
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        deadline = time.monotonic() + 3
+        while _shm_entries(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _shm_entries(proc.pid) == [], f"{method}: segment leaked by a group killed {delay} s in"
 
 def _one_rank_stops_itself():
     if dist.get_rank() == 1:

@@ -9,8 +9,17 @@ of shared memory is mapped, which is what a shape-only run of thousands of ranks
 
 What the process holds per rank (the ``md.dist`` context, the cost hook, grad mode, autocast, the default
 generator, a few strategy registries, ``sys.stdout``) is swapped in and out with the turn (``RANK_STATE``).
-When no rank can move, the waits form a deadlock: it is raised at once, naming who waits for what. A
-rank that loops forever keeps the turn; ``deadline`` and Ctrl-C stop it (an exception raised in its thread).
+When no rank can move, the waits form a deadlock: it is raised at once, naming who waits for what.
+
+A rank that never gives the turn back (it loops, sleeps, or computes) is stopped like a rank process that
+overstays: at the launch's ``deadline``, or once its turn has lasted ``timeout`` seconds while another rank
+waits in a communication call or has returned; the error names it and the line it was on (its thread's
+frame, ``sys._current_frames``). It is stopped by an exception raised in its thread, which Python delivers
+only when the thread runs Python code: a thread in a system call or in C (``time.sleep``, a long numpy call)
+cannot be stopped, nor killed. After ``STOP_GRACE`` seconds it is abandoned: the turn goes on as if it had
+failed, the launch ends with the error, which says so, and the thread (a daemon, so the interpreter can
+exit) ends by itself when its call returns: the exception is raised there, and the launch it belonged to
+ignores it (only the rank's own cleanup, its ``finally`` and ``with`` blocks, still runs).
 """
 
 from __future__ import annotations
@@ -51,6 +60,9 @@ RANK_STATE = (
 )
 
 
+STOP_GRACE = 1.0  # seconds a rank stopped by the launcher has to give the turn back before it is abandoned
+
+
 def _modules() -> list:
     return [(importlib.import_module(m), a) for m, a in RANK_STATE]
 
@@ -69,7 +81,10 @@ class Turns:
         self.state: dict[int, list] = {}
         self.threads: dict[int, int] = {}  # rank -> thread ident
         self.running: int | None = None
+        self.since = 0.0  # when the running rank's turn began (time.monotonic)
         self.interrupted: set[int] = set()
+        self.abandoned: set[int] = set()  # ranks the launcher gave up on (their threads never gave the turn back)
+        self.lock = threading.Lock()  # finish: the rank's own thread and the launcher's abandon may race
         self.finished = threading.Event()
         self.mods = _modules()
 
@@ -91,6 +106,7 @@ class Turns:
     def _restore(self, rank: int) -> None:
         for (mod, attr), v in zip(self.mods, self.state[rank]):
             setattr(mod, attr, v)
+        self.since = time.monotonic()  # before running: the launcher reads running, then since
         self.running = rank
 
     # -- turns ---------------------------------------------------------------------------------
@@ -147,12 +163,27 @@ class Turns:
         if self.aborted is None:
             self.aborted = message
 
-    def finish(self, rank: int, failed: bool) -> None:
-        """Rank ``rank`` returned or raised: the turn goes on, or the launch is over."""
+    def finish(self, rank: int, failed: bool, abandon: bool = False) -> bool:
+        """Rank ``rank`` returned or raised: the turn goes on, or the launch is over.
+
+        ``abandon`` (from the launcher's thread): ``rank`` still holds the turn but cannot be stopped; it counts as
+        failed and its thread, when it ends, changes nothing here. False when it gave the turn back meanwhile."""
+        with self.lock:
+            if rank in self.abandoned:
+                return False
+            if abandon:
+                if rank in self.done or self.running != rank:
+                    return False
+                self.abandoned.add(rank)
+            self._finish(rank, failed or abandon, save=not abandon)
+        return True
+
+    def _finish(self, rank: int, failed: bool, save: bool) -> None:
         self.done.add(rank)
         if failed:
             self.failed.add(rank)
-        self._save(rank)
+        if save:
+            self._save(rank)
         self.running = None
         if len(self.done) == self.world:
             self.finished.set()
@@ -173,6 +204,33 @@ class Turns:
         if ident is not None and r not in self.interrupted:
             self.interrupted.add(r)
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(RankAborted))
+
+    def where(self, rank: int) -> str:
+        """The lines ``rank``'s thread is on now, its own frames only (below ``fn``'s caller here)."""
+        frame = sys._current_frames().get(self.threads.get(rank))
+        if frame is None:
+            return ""
+        frames = traceback.extract_stack(frame)
+        ours = [i for i, f in enumerate(frames) if f.filename == __file__]
+        return "".join(traceback.format_list(frames[ours[-1] + 1 if ours else 0 :][-8:]))
+
+    def overstay(self, t0: float, deadline: float | None, timeout: float) -> tuple[int, str] | None:
+        """(rank, why) when the running rank has overstayed: past the deadline, or a turn of more than ``timeout``
+        seconds while another rank waits for a message or has returned (a rank process would have timed out)."""
+        r = self.running
+        if r is None:
+            return None
+        now = time.monotonic()
+        if deadline is not None and now - t0 > deadline:
+            return r, f"the launch's deadline of {deadline:g} s"
+        if now - self.since > timeout:
+            waiting = sorted(w for w in self.waits if w != r)
+            if waiting:
+                return r, (f"{timeout:g} s (the timeout) into its turn, while ranks {waiting} waited in a "
+                           f"communication call")
+            if self.done:
+                return r, f"{timeout:g} s (the timeout) after rank {min(self.done)} returned"
+        return None
 
 
 def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None,
@@ -210,6 +268,8 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
         turns.start(rank)
         try:
             try:
+                if turns.aborted is not None:  # its first turn came after the launch had failed: nothing to run
+                    raise RankAborted(f"rank {rank} stopped before it began because {turns.aborted}")
                 value = fn(*args, **(kwargs or {}))
                 ctx.transport.flush()
                 reports[rank] = ("ok", value, ctx.clock.end(), ctx.memory, recorder.events, out.getvalue())
@@ -241,14 +301,23 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
         threads.append(threading.Thread(target=body, args=(r, ctx, recorder, out), name=f"minidist-rank-{r}",
                                         daemon=True))
     launcher = [getattr(mod, attr) for mod, attr in turns.mods]
+    stopped: dict[int, tuple] = {}  # rank -> (when, what it was doing, where) of a rank that overstayed
     t0 = time.monotonic()
     for t in threads:
         t.start()
     turns.go[ranks[0]].set()
     try:
         while not turns.finished.wait(0.05):
-            if deadline is not None and time.monotonic() - t0 > deadline:
-                turns.interrupt(f"the launch's deadline of {deadline:g} s")
+            late = turns.overstay(t0, deadline, timeout)
+            if late is None:
+                continue
+            r, why = late
+            if r not in stopped:
+                stopped[r] = (time.monotonic(), f"rank {r} was still running its own code at {why} and was stopped",
+                              turns.where(r))
+                turns.interrupt(f"the launcher stopped rank {r}: it ran past {why}")
+            elif time.monotonic() - stopped[r][0] > STOP_GRACE:  # it cannot be stopped: the launch ends without it
+                turns.finish(r, True, abandon=True)
     except KeyboardInterrupt:
         turns.interrupt("the launch was interrupted (Ctrl-C)")
         turns.finished.wait(2.0)
@@ -256,13 +325,23 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
     finally:
         for (mod, attr), v in zip(turns.mods, launcher):
             setattr(mod, attr, v)
-    for t in threads:
-        t.join()
+    for r, t in zip(ranks, threads):
+        if r not in turns.abandoned:
+            t.join()
     wall = time.monotonic() - t0
+    reports = {r: rp for r, rp in dict(reports).items() if r not in turns.abandoned}  # (one may end meanwhile)
     live.close({r: rp[-1] for r, rp in reports.items()})
     errors = {r: rp[1:5] for r, rp in reports.items() if rp[0] == "error"}
+    for r, (_, doing, where) in stopped.items():
+        if r in turns.abandoned:
+            doing += (f"; its thread did not give the turn back within {STOP_GRACE:g} s (it is in a system call or in "
+                      f"C code: time.sleep, a lock, a long numpy call) and a thread cannot be killed, so it is "
+                      f"abandoned: a daemon thread, it ends when that call returns and does not keep Python from "
+                      f"exiting")
+        errors[r] = ("DeadlineExceeded", doing, where, None)
     if errors:
-        raise _failure(errors, [r for r in order if r in errors])
+        order = [r for r in order if r in errors and r not in stopped]
+        raise _failure(errors, list(stopped) + order)
     res = LaunchResult([reports[rep[r]][1] for r in range(world_size)], [reports[rep[r]][2] for r in range(world_size)],
                        [reports[rep[r]][3] for r in range(world_size)],
                        Trace.from_recorders({r: reports[r][4] for r in ranks}),

@@ -25,7 +25,6 @@ from contextlib import contextmanager, nullcontext
 
 import dill
 import multiprocess
-from multiprocess import resource_tracker
 from multiprocess import spawn as mp_spawn
 from multiprocess.connection import wait as mp_wait
 
@@ -80,34 +79,28 @@ class LaunchResult(Sequence):
 class _Segment:
     """The launch's shared memory, never left behind.
 
-    Under fork the ranks inherit an anonymous shared mapping: it has no name, so nothing can leak
-    whenever the parent dies. Under spawn a rank must open it by name, which has to live until every
-    rank has mapped it; a parent killed meanwhile cannot unlink it, so multiprocess's resource
-    tracker (a helper process that outlives the parent) is told about it and does, until unlinked.
-    The tracker hears the name before the segment exists: a parent killed between creating and
-    registering it would leak it (unlinking a name that was never created does no harm).
+    Under fork the ranks inherit an anonymous shared mapping. Under spawn and forkserver they inherit a
+    descriptor of a segment whose name was unlinked the moment it was created (``shm.create_unnamed``; the
+    module docstring of shm.py says why not a name kept until the ranks map it). Either way nothing is left in
+    /dev/shm whoever is killed and when, the launcher's whole process group included.
     """
 
     def __init__(self, size: int, fork: bool) -> None:
-        self.tracked = False
+        self.fd = -1
         if fork:
-            self.mm, self.name = mmap.mmap(-1, size), None  # MAP_SHARED | MAP_ANONYMOUS
+            self.mm = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS
         else:
-            name = shm.new_name()
-            resource_tracker.register(name, "shared_memory")
-            self.tracked = True
-            try:
-                self.mm, self.name = shm.create(size, name)
-            except BaseException:
-                resource_tracker.unregister(name, "shared_memory")
-                raise
+            self.mm, self.fd = shm.create_unnamed(size)
 
-    def unlink(self) -> None:
-        if self.name is not None:
-            shm.unlink(self.name)
-            if self.tracked:
-                resource_tracker.unregister(self.name, "shared_memory")
-            self.name = None
+    def for_rank(self):
+        """What ``rank_main`` maps: the mapping itself under fork, else the descriptor to pass on."""
+        return self.mm if self.fd < 0 else shm.Inherited(self.fd)
+
+    def close(self) -> None:
+        """Close the descriptor once every rank has been started (their own copies and mappings keep it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def positive_seconds(value: object) -> bool:
@@ -344,9 +337,9 @@ class _Ranks:
     the launch's limits (``timeout`` after the first rank returned, ``deadline`` overall).
     """
 
-    def __init__(self, world, procs, readers, board, bells, seg, live, timeout, deadline, fork: bool) -> None:
+    def __init__(self, world, procs, readers, board, bells, live, timeout, deadline, fork: bool) -> None:
         self.world, self.procs, self.readers, self.board, self.bells = world, procs, readers, board, bells
-        self.seg, self.live, self.timeout, self.deadline = seg, live, timeout, deadline
+        self.live, self.timeout, self.deadline = live, timeout, deadline
         self.fork = fork
         self.start_s = timeout if fork else max(timeout, FRESH_START_S)
         self.values, self.times, self.memory, self.events, self.stdout = {}, {}, {}, {}, {}
@@ -367,7 +360,6 @@ class _Ranks:
         if kind == "ready":
             self.ready.add(r)
             if len(self.ready) == self.world:
-                self.seg.unlink()  # every rank has it mapped now (under fork it already is unlinked)
                 self.all_ready = time.monotonic()
         elif kind == "ok":
             _, _, self.values[r], self.times[r], self.memory[r], self.events[r], self.stdout[r] = msg
@@ -590,11 +582,11 @@ def launch(
             raise OSError(e.errno, f"launch: the system would not reserve {layout.size / 2**20:,.0f} MB of shared "
                                    f"memory for the channels of {world_size} ranks ({e.strerror}); use fewer ranks, "
                                    f"or {AS_THREADS}") from e
-        mm, name = seg.mm, seg.name
+        mm = seg.mm
         procs, readers, bells = [], {}, []
         board = shm.Board(mm, layout)
         live = LiveView(world_size, quiet)
-        ranks = _Ranks(world_size, procs, readers, board, bells, seg, live, timeout, deadline, fork)
+        ranks = _Ranks(world_size, procs, readers, board, bells, live, timeout, deadline, fork)
         try:
             r = 0  # the rank being set up, for the error if the system refuses
             try:
@@ -605,7 +597,7 @@ def launch(
                         rd, wr = mp.Pipe(duplex=False)
                         readers[rd] = r
                         p = mp.Process(target=rank_main, name=f"minidist-rank-{r}", daemon=True,
-                                       args=(r, world_size, *payload, cluster, mm if fork else name, layout_args,
+                                       args=(r, world_size, *payload, cluster, seg.for_rank(), layout_args,
                                              bells, wr, timeout, os.getpid()))
                         try:
                             p.start()
@@ -630,7 +622,7 @@ def launch(
                     p.join()
             for c in readers:
                 c.close()
-            seg.unlink()
+            seg.close()
             for b in bells:
                 b.close()
             del board

@@ -117,7 +117,8 @@ def _send_stack(pipe: _Pipe, rank: int, frame) -> None:
 
 
 def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, conn, timeout, parent):
-    """The body of rank ``rank``'s process (``fn`` is bytes when it travelled by value, under spawn)."""
+    """The body of rank ``rank``'s process (``fn`` is bytes when it travelled by value, under spawn; ``seg`` is the
+    shared mapping under fork, else the descriptor of the segment, ``shm.Inherited``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tears us down
     _die_with_parent(parent)
     _let_siblings_read(parent)  # before the transport publishes our pid: peers probe us only after that
@@ -125,7 +126,7 @@ def rank_main(rank, world, fn, args, kwargs, cluster, seg, layout_args, bells, c
     if isinstance(fn, bytes):  # spawned: the function and its arguments travel by value (pickling.py)
         fn, args, kwargs = pickling.loads(fn)
     layout = shm.Layout(world, *layout_args)
-    mm = shm.attach(seg, layout.size) if isinstance(seg, str) else seg
+    mm = shm.map_inherited(seg, layout.size) if isinstance(seg, shm.Inherited) else seg
     pipe = _Pipe(conn)
     pipe.send(("ready", rank))
     signal.signal(signal.SIGUSR1, lambda signum, frame: _send_stack(pipe, rank, frame))

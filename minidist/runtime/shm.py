@@ -10,9 +10,17 @@ Layout (all offsets 64-byte aligned so any dtype can be viewed in place)::
     [board: one record per rank: state, since, what it waits for, pid, current collective signatures]
     [channel src->dst for every ordered pair: head, tail, sleep flags, nack | nslots x (header, payload)]
 
-Under fork the segment is an anonymous shared mapping that the ranks inherit (it has no name to
-leak); under spawn it is named, and unlinked as soon as every rank has it mapped (launch.py's
-``_Segment``), so nothing is left in /dev/shm even if the parent is killed.
+Under fork the segment is an anonymous shared mapping that the ranks inherit: it has no name to
+leak. Under spawn and forkserver a rank is a fresh program and cannot inherit a mapping, but it can
+inherit a file descriptor: the segment is opened by name and unlinked at once (``create_unnamed``),
+and its descriptor travels to each rank as multiprocess passes a pipe (``Inherited``). POSIX keeps
+an unlinked segment alive while a descriptor or a mapping holds it, and frees it when the last goes,
+so whatever dies and however (a SIGKILL of the launcher's whole process group, which also takes any
+helper that could have unlinked a name: a terminal's kill, a Jupyter kernel restart), nothing is
+left in /dev/shm. Keeping the name until every rank has mapped it, and unlinking it then, would leave
+it for good if the group were killed while spawned ranks import (seconds); a reaper process would
+die with the group unless it left it. The name exists only between two system calls of the parent
+(``shm_open``, ``shm_unlink``). The pages still count against /dev/shm's room (``named_segment_room``).
 """
 
 from __future__ import annotations
@@ -152,33 +160,50 @@ def new_name() -> str:
     return f"/minidist_{os.getpid()}_{secrets.token_hex(4)}"
 
 
-def create(size: int, name: str | None = None) -> tuple[mmap.mmap, str]:
-    """Create and map a new segment; return (mapping, name). The caller unlinks it with ``unlink``."""
-    name = name or new_name()
+def create_unnamed(size: int) -> tuple[mmap.mmap, int]:
+    """Create and map a new segment that has no name left; return (mapping, descriptor).
+
+    The name is unlinked before anything else happens, so no death of any process can leave it behind; the
+    caller closes the descriptor once every process that needs it has it (``Inherited``)."""
+    name = new_name()
     if _posixshmem is not None:
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     else:  # pragma: no cover
         fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    unlink(name)
     try:
         os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size)
+        return mmap.mmap(fd, size), fd
     except BaseException:
         os.close(fd)
-        unlink(name)
         raise
-    os.close(fd)
-    return mm, name
 
 
-def attach(name: str, size: int) -> mmap.mmap:
-    if _posixshmem is not None:
-        fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
-    else:  # pragma: no cover
-        fd = os.open("/dev/shm" + name, os.O_RDWR)
+class Inherited:
+    """A segment's descriptor on its way to a process multiprocess starts fresh (spawn, forkserver).
+
+    Pickled while the process is being started, it asks multiprocess to pass the descriptor on, as it passes
+    a pipe (``reduction.DupFd``); the process maps it with ``map_inherited``."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocess import reduction
+
+        return _inherit, (reduction.DupFd(self.fd),)
+
+
+def _inherit(dup) -> Inherited:
+    return Inherited(dup.detach())
+
+
+def map_inherited(seg: Inherited, size: int) -> mmap.mmap:
+    """Map the segment ``seg`` carries in this process and close its descriptor (the mapping keeps it alive)."""
     try:
-        return mmap.mmap(fd, size)
+        return mmap.mmap(seg.fd, size)
     finally:
-        os.close(fd)
+        os.close(seg.fd)
 
 
 def unlink(name: str) -> None:
