@@ -73,3 +73,44 @@ def test_launch_takes_args_as_a_list_and_kwargs_as_any_mapping():
 def test_train_refuses_bad_arguments_up_front(kwargs, match):
     with pytest.raises(ValueError, match=match):
         md.parallel.train(CFG, ParallelConfig(), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"zero_stage": 1.0}, r"zero_stage must be the int 0, 1, 2 or 3, got 1\.0"),
+    ({"zero_stage": True}, "zero_stage must be the int 0, 1, 2 or 3, got True"),
+    ({"fsdp": "yes"}, "fsdp must be True or False, got 'yes'"),
+    ({"fsdp": 1}, "fsdp must be True or False, got 1"),
+    ({"bucket_bytes": math.inf}, r"bucket_bytes must be a finite number of bytes > 0 .*, got inf"),
+    ({"bucket_bytes": math.nan}, "bucket_bytes must be a finite number of bytes > 0 .*, got nan"),
+    ({"bucket_bytes": "25MB"}, "bucket_bytes must be a finite number of bytes > 0 .*, got '25MB'"),
+    ({"bucket_bytes": True}, "bucket_bytes must be a finite number of bytes > 0 .*, got True"),
+    ({"bucket_bytes": 0}, "bucket_bytes must be a finite number of bytes > 0 .*, got 0"),
+    ({"virtual_stages": True, "schedule": "interleaved"}, "virtual_stages must be an int >= 1, got True"),
+    ({"virtual_stages": 2.0, "schedule": "interleaved"}, r"virtual_stages must be an int >= 1, got 2\.0"),
+    ({"prefetch": True}, "prefetch must be an int >= 0, got True"),
+    ({"dp": True}, "dp must be an int >= 1, got True"),
+    ({"recompute": 2.0}, r"recompute must be None, 'full', 'selective' or an int k >= 1 .*got 2\.0"),
+])
+def test_parallel_config_refuses_values_of_the_wrong_type(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ParallelConfig(**kwargs)
+
+
+def test_parallel_config_takes_what_it_documents():
+    pc = ParallelConfig(zero_stage=3, fsdp=False, bucket_bytes=1.5e6, virtual_stages=2, schedule="interleaved",
+                        pp=2, prefetch=0)
+    assert (pc.zero_stage, pc.bucket_bytes, pc.virtual_stages) == (3, 1.5e6, 2)
+    assert ParallelConfig(bucket_bytes=np.float64(4096)).bucket_bytes == 4096
+
+
+@pytest.mark.parametrize("data", ["abc", b"abc", None, [1, "a"], {"a": 1}])
+def test_tensor_refuses_data_that_is_not_numbers(data):
+    with pytest.raises(TypeError, match=r"md.tensor: data must be numbers or booleans .*, got "
+                                        + type(data).__name__):
+        md.tensor(data)
+
+
+def test_tensor_takes_numbers_and_booleans():
+    assert md.tensor([True, False]).dtype == np.bool_
+    assert md.tensor(3).dtype.kind == "i" and md.tensor(1 + 2j).dtype.kind == "c"
+    assert md.tensor(np.arange(3, dtype=np.uint8), dtype=np.float32).dtype == np.float32

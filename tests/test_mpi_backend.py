@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,14 @@ from tests.test_collectives_correctness import _world, data, reference
 
 pytestmark = pytest.mark.skipif(mpi_available() is not None, reason=f"MPI backend unavailable: {mpi_available()}")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _as_in_a_terminal() -> None:
+    """In the script's process, before it starts: SIGINT delivered as a terminal delivers it. A test run started
+    with SIGINT ignored (``make test &`` from a script, as some CI runners start it) would pass the ignored
+    disposition on, and minidist rightly leaves an ignored SIGINT alone: the interrupt tests would then test
+    nothing but the inheritance."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _outputs(alg_filter=None) -> dict:
@@ -319,6 +328,60 @@ def test_disagreeing_ranks_are_named_under_mpi():
         launch(fn, 2, timeout=30, backend="mpi")
 
 
+def _native_disagreeing(case: str) -> str | None:
+    """Inside a rank: a native collective whose arguments differ between ranks; the error it raised here."""
+    from minidist.runtime.errors import MismatchError
+
+    try:
+        _disagree_natively(case)
+    except MismatchError as e:
+        return str(e)
+    return None
+
+
+def _disagree_natively(case: str) -> None:
+    r = dist.get_rank()
+    if case == "dtype":
+        dist.all_reduce(np.ones(10, np.float32 if r == 1 else np.float64), algorithm="native")
+    elif case == "length":
+        dist.all_reduce(np.ones(11 if r == 0 else 10), algorithm="native")
+    elif case == "size":
+        dist.all_reduce(np.ones(4 if r == 0 else 2000), algorithm="native")
+    elif case == "root":
+        dist.broadcast(np.ones(3), src=r % 2, algorithm="native")
+    else:  # all-to-all counts: rank 0 sends rank 1 two rows, rank 1 expects one
+        dist.all_to_all_single(np.zeros(4), np.ones(4), [2, 2] if r == 0 else [1, 3], [2, 2] if r == 0 else [1, 3],
+                               algorithm="native")
+
+
+@pytest.mark.parametrize("case, p, calls", [
+    ("dtype", 3, [r"rank 1 called all_reduce\(shape=\(10,\), dtype=float32, op=SUM, algorithm='native'\) on ranks "
+                  r"\[0, 1, 2\]", r"ranks \[0, 2\] called all_reduce\(shape=\(10,\), dtype=float64, op=SUM"]),
+    ("length", 2, [r"rank 0 called all_reduce\(shape=\(11,\), dtype=float64, op=SUM",
+                   r"rank 1 called all_reduce\(shape=\(10,\), dtype=float64, op=SUM"]),
+    ("size", 2, [r"rank 0 called all_reduce\(shape=\(4,\)", r"rank 1 called all_reduce\(shape=\(2000,\)"]),
+    ("root", 3, [r"rank 1 called broadcast\(shape=\(3,\), dtype=float64, src=1",
+                 r"ranks \[0, 2\] called broadcast\(shape=\(3,\), dtype=float64, src=0"]),
+    ("counts", 2, [r"all_to_all_single: message from rank 0 to rank 1 does not fit: rank 0 sent shape \(2,\) "
+                   r"dtype float64 \(16 bytes\) but rank 1 receives into shape \(1,\)"]),
+])
+def test_mpis_own_collectives_refuse_disagreeing_ranks_on_every_rank(case, p, calls):
+    """MPI's collectives trust their callers (garbage, partial sums or a timeout): the signatures are compared
+    first, and every rank raises MismatchError naming every call and who made it, as the simulator's ranks do
+    (its own call last, as the simulator's "rank r called ...; rank me called ...")."""
+    t = time.monotonic()
+    texts = launch(_native_disagreeing, p, args=(case,), timeout=30, backend="mpi").values
+    assert time.monotonic() - t < 15  # not a timeout
+    for r, text in enumerate(texts):
+        assert text is not None, f"rank {r} did not raise"
+        for call in calls:
+            assert re.search(call, text), (r, text)
+        if case != "counts":
+            assert text.startswith("ranks disagree about a collective call: "), text
+            own = re.search(rf"(rank {r}|ranks \[[\d, ]*\b{r}\b[\d, ]*\]) called", text)
+            assert own and " called " not in text[own.end():], (r, text)
+
+
 def test_a_wait_that_never_ends_times_out_naming_it():
     def fn():
         if dist.get_rank() == 1:
@@ -394,7 +457,8 @@ def _launching(tmp_path):
     script = tmp_path / "launching.py"
     script.write_text(LAUNCHING)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=_as_in_a_terminal)
     assert proc.stdout.readline() == b"launching\n"
     return proc
 

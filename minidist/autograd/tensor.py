@@ -242,10 +242,23 @@ def recording(*tensors: Any) -> bool:
 
 
 def tensor(data: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor:
-    """A new leaf tensor holding a *copy* of ``data`` (numpy's default dtypes unless ``dtype``)."""
+    """A new leaf tensor holding a *copy* of ``data`` (numpy's default dtypes unless ``dtype``).
+
+    The data must be numbers or booleans: strings, bytes and Python objects would be carried along
+    until the first arithmetic op failed far from here, so they are refused now.
+    """
     if isinstance(data, Tensor):
         data = data.data
-    return Tensor(np.array(data, dtype=dtype, copy=True), requires_grad=requires_grad)
+    arr = np.array(data, dtype=dtype, copy=True)
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"md.tensor: data must be numbers or booleans (bool, int, float or complex), got "
+                        f"{type(data).__name__} {_short(data)} (numpy dtype {arr.dtype})")
+    return Tensor(arr, requires_grad=requires_grad)
+
+
+def _short(x: Any, limit: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
 
 
 def as_tensor(x: Any) -> Tensor:
