@@ -58,19 +58,26 @@ def top_k_experts(probs: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-probs, axis=-1, kind="stable")[:, :k]
 
 
-def planned_experts(tokens: int, n_experts: int, top_k: int, load) -> np.ndarray:
-    """(tokens, top_k) expert ids dealt by a plan instead of the router's scores, so routing needs no values.
+def planned_experts(tokens: int, n_experts: int, top_k: int, load, index: np.ndarray | None = None) -> np.ndarray:
+    """(len(index), top_k) expert ids dealt by a plan instead of the router's scores, so routing needs no values.
 
+    ``tokens`` is the number of tokens in the whole (global) batch and ``index`` the global indices of the tokens
+    to route (default: all of them, in order); a token's route is a function of its index alone, so a rank holding
+    any part of the batch routes its tokens as one device holding all of it does.
     ``load="balanced"``: token i's choices are experts ``i k, i k + 1, ... (mod E)``, as even as counts allow.
     ``load`` = E fractions (summing to 1): expert e receives ``load[e]`` of the ``tokens x top_k`` assignments
     (largest remainders), dealt in expert order down the first choices, then the second, and so on; a token
     never gets one expert twice as long as no expert takes more than ``1 / top_k`` of them.
     """
     N, E, k = tokens, n_experts, top_k
+    index = np.arange(N) if index is None else np.asarray(index, dtype=np.int64).reshape(-1)
+    if index.size and (index.min() < 0 or index.max() >= N):
+        raise ValueError(f"MoE: planned routing of token indices {int(index.min())}..{int(index.max())}, outside "
+                         f"the global batch of {N} tokens")
     if isinstance(load, str):
         if load != "balanced":
             raise ValueError(f"MoE: expert_load must be 'balanced' or {E} fractions, got {load!r}")
-        return (np.arange(N)[:, None] * k + np.arange(k)) % E
+        return (index[:, None] * k + np.arange(k)) % E
     share = np.asarray(load, dtype=np.float64)
     if share.shape != (E,) or (share < 0).any() or not np.isclose(share.sum(), 1.0):
         raise ValueError(f"MoE: expert_load must be 'balanced' or {E} non-negative fractions summing to 1, "
@@ -81,7 +88,17 @@ def planned_experts(tokens: int, n_experts: int, top_k: int, load) -> np.ndarray
     if counts.max(initial=0) > N:
         raise ValueError(f"MoE: expert_load gives expert {int(counts.argmax())} {int(counts.max())} of {N} tokens' "
                          f"{k} choices; a token chooses an expert once, so no share may exceed 1/top_k = {1 / k:.3g}")
-    return np.repeat(np.arange(E), counts).reshape(k, N).T.copy()
+    # assignment (token i, choice j) is number j N + i of the deal; expert e holds the numbers of its block
+    deal = np.arange(k) * N + index[:, None]
+    return np.searchsorted(np.cumsum(counts), deal, side="right")
+
+
+class WholeBatch:
+    """Where a layer's tokens sit in the batch when it sees all of it: token i of its flattened input is token i."""
+
+    def token_index(self, tokens: int) -> tuple[np.ndarray, int]:
+        """(global index of each of the ``tokens`` local tokens, tokens in the global batch)."""
+        return np.arange(tokens), tokens
 
 
 def level_counts(experts: np.ndarray, n_experts: int) -> np.ndarray:
@@ -148,7 +165,9 @@ class MoE(Module):
                  out_std: float | None = None, dtype="float32") -> None:
         """``renormalize`` (default: when top_k > 1) divides the chosen gates by their sum. ``expert_load``: None
         routes by the router's scores; ``"balanced"`` or E fractions deal the tokens by plan (``planned_experts``),
-        the gates still weighting by the router: what a run without values (shape-only) can route by."""
+        the gates still weighting by the router: what a run without values (shape-only) can route by. A plan reads
+        each token's index in the global batch from ``self.placement`` (the whole batch here; a parallel layout
+        installs the rank's batch share), so every layout routes a token as one device does."""
         super().__init__()
         if n_experts < 1 or not 1 <= top_k <= n_experts:
             raise ValueError(f"MoE: need n_experts >= 1 and 1 <= top_k <= n_experts, got n_experts={n_experts}, "
@@ -174,6 +193,7 @@ class MoE(Module):
         self.shared = (MLP(d_model, d_ff, kind, bias, rng=rng, init_std=init_std, out_std=out_std, dtype=dtype)
                        if shared_expert else None)
         self.routing = LocalRouting()
+        self.placement = WholeBatch()  # a parallel layout installs its batch share: planned routes are global
         self.aux_loss = None
         self.stats: dict = {}
 
@@ -189,7 +209,8 @@ class MoE(Module):
         if self.expert_load is None:
             experts = top_k_experts(scores, k)  # the bias chooses; the probabilities below still weight
         else:
-            experts = planned_experts(N, E, k, self.expert_load)
+            index, total = self.placement.token_index(N)
+            experts = planned_experts(total, E, k, self.expert_load, index)
         gates = probs[np.arange(N)[:, None], experts]
         if self.renormalize:
             gates = gates / gates.sum(axis=-1, keepdims=True)

@@ -164,13 +164,17 @@ class LocalExperts(Module):
         return len(self.ids)
 
 
-def expert_parallelize(model, ep: EPGroup):
+def expert_parallelize(model, ep: EPGroup, placement=None):
     """Keep only this rank's experts in every MoE layer of ``model`` and route tokens across ``ep``;
-    returns the model. Non-expert weights stay replicated."""
+    returns the model. Non-expert weights stay replicated. ``placement`` (``token_index(n)``, e.g. the rank's
+    ``BatchShare``) says where the rank's tokens sit in the global batch, which a planned route
+    (``GPTConfig.expert_load``) is a function of; None: the rank's tokens are numbered from 0."""
     for m in list(model.modules()):
         if isinstance(m, MoE):
             m.experts = LocalExperts(m.experts, ep.experts(m.n_experts))
             m.routing = ExpertParallelRouting(ep)
+            if placement is not None:
+                m.placement = placement
     return model
 
 

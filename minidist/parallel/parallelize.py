@@ -60,12 +60,15 @@ def split_sizes(n: int, parts: int) -> list[int]:
 class BatchShare:
     """Which part of every global batch one rank computes on: rows ``index`` of ``parts`` (dp x ep split the
     sequences), then its positions when cp > 1, cut into micro-batches. Each micro-batch's loss weight
-    is its share of the global batch, so the summed gradient is that of the global mean loss."""
+    is its share of the global batch, so the summed gradient is that of the global mean loss. The global index
+    of every token it holds (``token_index``) is where an MoE layer's planned route is read, so a token is
+    routed as on one device whatever the layout."""
 
     parts: int
     index: int
     microbatches: int
     cp: CPGroup | None = None
+    held: tuple | None = field(default=None, init=False, repr=False)  # (global token indices, global tokens)
 
     def split(self, x: np.ndarray, y: np.ndarray) -> tuple[list, list, list[float]]:
         """This rank's micro-batches of a global batch ``(x, y)``: inputs, targets and loss weights."""
@@ -73,12 +76,26 @@ class BatchShare:
         rows = split_sizes(total, self.parts)
         lo = sum(rows[:self.index])
         x, y = x[lo:lo + rows[self.index]], y[lo:lo + rows[self.index]]
+        T = x.shape[1]
+        positions = np.arange(T) if self.cp is None else self.cp.positions(T)
+        self.held = ((lo + np.arange(rows[self.index]))[:, None] * T + positions).reshape(-1), total * T
         share = 1.0
         if self.cp is not None:
             x, y, share = self.cp.shard(x), self.cp.shard(y), 1.0 / self.cp.size
         cuts = np.cumsum([0] + split_sizes(rows[self.index], self.microbatches))
         return ([x[a:b] for a, b in zip(cuts, cuts[1:])], [y[a:b] for a, b in zip(cuts, cuts[1:])],
                 [(b - a) / total * share for a, b in zip(cuts, cuts[1:])])
+
+    def token_index(self, tokens: int) -> tuple[np.ndarray, int]:
+        """(global index ``sequence x seq_len + position`` of each token of the last ``split``, in this rank's
+        (sequence, position) order; tokens in the global batch). Only for a whole share: a layer seeing one of
+        several micro-batches could not tell which."""
+        held = 0 if self.held is None else self.held[0].size
+        if self.microbatches > 1 or tokens != held:
+            raise ValueError(f"MoE planned routing: a layer on batch share {self.index} of {self.parts} saw {tokens} "
+                             f"tokens, but the share holds {held} in {self.microbatches} micro-batch(es); a planned "
+                             f"route is read from the whole share of the last split (microbatches=1)")
+        return self.held
 
 
 @dataclass
@@ -119,9 +136,10 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         cp = CPGroup.of(mesh.get_group("cp"), pc.cp_layout, pc.algorithm)
         context_parallelize(model, cp, pc.cp_method)
     dense_group = mesh.get_group(DENSE_GRAD)
+    batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
     if model.config.n_experts:  # 4. (ep = 1 too: the routing counts of the whole batch, over the data group)
         expert_parallelize(model, EPGroup.of(mesh.get_group("ep"), dense_group if dense_group.size() > 1 else None,
-                                             pc.algorithm))
+                                             pc.algorithm), placement=batch)
     if pc.pp > 1:
         executor = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout,
                                     ledger=ledger, recompute_every=pc.recompute_every,
@@ -144,7 +162,6 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
     reducer.setup(ledger, dict(state_bytes, optimizer=0) if host else state_bytes)
     if host is not None:
         host.setup(reducer.pieces())
-    batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
     if executor is not None:
         # tied embeddings: the first and last stages both use the matrix; on the V placement both are rank 0's
         ends = pipeline_ends(mesh) if model.config.tie_embeddings and schedule.placement == "loop" else None
