@@ -13,6 +13,7 @@ The cases a user found silently wrong are tests of their own below.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -152,6 +153,20 @@ def test_every_refusal_left_is_one_of_meaning_and_documented(model, layout, reas
     topic = {"moe": "microbatches > 1" if "microbatches" in layout else "MoE with sequence parallelism",
              "moe-capacity": "capacity dropping", "dropout": "dropout > 0"}[model]
     assert topic in doc, f"the refusal {reason!r} is not listed in ParallelConfig's documentation"
+
+
+def test_what_is_not_built_yet_says_so_and_is_listed():
+    """The pairs refused because they are not built (not for a reason of meaning) say so, and are listed."""
+    bias = md.GPTConfig(**{**MOE.__dict__, "moe_balance": "bias"})
+    cases = [(MOE, ParallelConfig(dp=2, compression=md.parallel.TopK(0.1)), {}, "gradient compression (TopK)"),
+             (DENSE, ParallelConfig(), {"precision": "fp16", "checkpoint_dir": "/tmp/never-written"}, "loss scaling"),
+             (bias, ParallelConfig(), {"checkpoint_dir": "/tmp/never-written"}, "moe_balance='bias'")]
+    for cfg, pc, kw, what in cases:
+        with pytest.raises(ValueError, match=f"{re.escape(what)} .*not built yet"):
+            md.parallel.train(cfg, pc, steps=1, global_batch=8, **kw)
+    doc = " ".join(config_module.__doc__.split())
+    assert "Not built yet" in doc and all(t in doc for t in ("``compression`` with a mixture-of-experts model",
+                                                              "loss scaling", 'moe_balance="bias"'))
 
 
 # -- the cases that were silently wrong ------------------------------------------------------

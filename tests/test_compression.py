@@ -147,3 +147,17 @@ def test_dgc_momentum_correction_trains_like_dense_momentum_sgd():
     naive = _logistic(TopK(0.01), lr=0.01, momentum=0.9)
     assert abs(dgc / dense - 1) < 0.05, (dgc, dense)
     assert naive > 1.1 * dense, (naive, dense)
+
+
+@pytest.mark.parametrize("c", [Quantize(), QSGD(), TernGrad(), TopK(0.05), DGC(0.05), PowerSGD(2)],
+                         ids=lambda c: type(c).__name__)
+def test_every_compressor_charges_the_same_shape_only(c):
+    """A payload's size depends on the bucket's size only (top-k sends ceil(ratio n) entries whichever they are), so
+    a run without values sends the same collectives: the same step time, memory and bytes as the run with values."""
+    kw = dict(steps=2, global_batch=8, optimizer="sgd" if isinstance(c, DGC) else "adamw", momentum=0.0)
+    pc = ParallelConfig(dp=2, bucket_bytes=4096, compression=c)  # several buckets, each compressed on its own
+    data = train(CFG, pc, **kw)
+    shapes = train(CFG, pc, shape_only=True, backend="inprocess", **kw)
+    assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
+    assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
+    assert 0 < data.comm_bytes[-1][0] < train(CFG, ParallelConfig(dp=2, bucket_bytes=4096), **kw).comm_bytes[-1][0]

@@ -96,6 +96,9 @@ def test_cp_step_traffic_contains_the_ring_closed_form():
 @pytest.mark.parametrize("cfg,pc,match", [
     (DENSE, ParallelConfig(cp=2, cp_method="striped"), "cp_method must be one of"),
     (DENSE, ParallelConfig(cp=3), "seq_len=16 must split into 6 equal chunks"),
+    (md.GPTConfig(**{**DENSE.__dict__, "seq_len": 6}),
+     ParallelConfig(cp=2, tp=2, sequence_parallel=True, cp_layout="contiguous"),
+     r"seq_len / cp = 6 / 2 = 3 positions over tp=2"),
     (md.GPTConfig(vocab_size=48, seq_len=16, d_model=18, n_layers=1, n_heads=3),
      ParallelConfig(cp=2, cp_method="ulysses"), "3 query heads .* must divide evenly"),
     (DENSE, ParallelConfig(ep=2), "needs a mixture-of-experts model"),

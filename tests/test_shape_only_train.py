@@ -157,6 +157,21 @@ def test_one_rank_per_stage_stands_for_the_others(name, gpus_per_node):
     assert len({e.rank for e in some.trace}) == ran
 
 
+@pytest.mark.parametrize("pc", [ParallelConfig(dp=4, tp=2), ParallelConfig(pp=2, dp=2, tp=2, microbatches=2)],
+                         ids=["dp4 x tp2", "pp2 x dp2 x tp2"])
+def test_uneven_batch_shares_are_each_simulated(pc):
+    """A global batch that dp does not divide gives the first ranks one sequence more: they hold more activations
+    and finish later, so representatives report each rank's own figures, not rank 0's."""
+    cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=4)
+    kw = dict(steps=2, global_batch=2 * pc.dp + 1, shape_only=True, backend="inprocess")
+    every = md.parallel.train(cfg, pc, **kw)
+    some = md.parallel.train(cfg, pc, representatives=True, **kw)
+    assert len(set(every.peak_memory)) > pc.pp  # the shares differ
+    assert some.time == every.time and some.peak_memory == every.peak_memory and some.memory == every.memory
+    assert some.comm_bytes == every.comm_bytes
+    assert len({e.rank for e in some.trace}) == pc.pp * pc.dp < pc.world_size  # every share ran, no tp peer
+
+
 # Large enough that the dense gradients go round a ring: a context rank then receives from a data-parallel rank
 # that another context rank stands for, and must pair with that rank's mirror send (this failed with a
 # DeadlockError, and so did the LLaMA 3 70B side-by-side of make bench, on 2,048 GPUs)

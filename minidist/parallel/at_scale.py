@@ -134,6 +134,6 @@ def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int,
                      tflops_per_gpu=with_attention * tokens / (step * gpus) / 1e12,
                      peak_memory=float(res.peak_memory[fullest]), breakdown=dict(res.peak_breakdown[fullest]),
                      hbm_bytes=float(hbm), num_params=int(res.num_params), gpus=gpus,
-                     simulated_ranks=len(set(representatives(parallel))), wall_seconds=wall,
+                     simulated_ranks=len(set(representatives(parallel, global_batch))), wall_seconds=wall,
                      compute_time=max(busy, default=0.0), result=res)
 

@@ -11,6 +11,10 @@ Each compressor is a frozen description (it lives in ``ParallelConfig(compressio
 residuals, PowerSGD's warm-started basis, a random generator) lives with the reducer of each rank. Every
 payload travels as one buffer by a ring, so its bytes have a closed form (``payload_bytes``) that the
 trace can be checked against. The reduction is synchronous: compressing needs the whole bucket.
+
+Every payload's size depends on the bucket's size alone, never on its values (top-k and DGC send k = ceil(ratio n)
+entries whichever they are), so a shape-only bucket (``autograd/shape_only.py``) sends payloads of the same sizes
+by the same collectives and charges what the run with values does (``_reduce_shapes``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist import dist
+from minidist.autograd.shape_only import ShapeArray
+from minidist.autograd.shape_only import empty as shape_empty
 from minidist.parallel.data_parallel import DataParallel
 
 
@@ -197,12 +203,16 @@ class PowerSGD:
         """Which parameters (by shape) are compressed: matrices whose rank exceeds ``rank``."""
         return [len(s) >= 2 and min(s[0], math.prod(s[1:])) > self.rank for s in shapes]
 
-    def payload_bytes(self, shapes: list[tuple[int, ...]], p: int, itemsize: int) -> float:
-        """Bytes one rank sends: two ring all-reduces (P with the vectors, then Q), each padded to p chunks."""
+    def reduced(self, shapes: list[tuple[int, ...]]) -> tuple[int, int]:
+        """Elements of the two all-reduces: every P with the vectors, then every Q (0: that one is not sent)."""
         low = self.matrices(shapes)
         first = sum(s[0] * self.rank if c else math.prod(s) for s, c in zip(shapes, low))
         second = sum(math.prod(s[1:]) * self.rank for s, c in zip(shapes, low) if c)
-        padded = sum(-(-x // p) * p for x in (first, second) if x)
+        return first, second
+
+    def payload_bytes(self, shapes: list[tuple[int, ...]], p: int, itemsize: int) -> float:
+        """Bytes one rank sends: two ring all-reduces (P with the vectors, then Q), each padded to p chunks."""
+        padded = sum(-(-x // p) * p for x in self.reduced(shapes) if x)
         return 2 * (p - 1) / p * padded * itemsize
 
     def reduce(self, flat: np.ndarray, group, state: dict, shapes: list[tuple[int, ...]]) -> None:
@@ -246,6 +256,20 @@ def _all_reduce_list(arrays: list[np.ndarray], group, p: int) -> list[np.ndarray
 COMPRESSORS = (Quantize, QSGD, TernGrad, TopK, DGC, PowerSGD)
 
 
+def _reduce_shapes(compressor, flat: ShapeArray, group, shapes: list[tuple[int, ...]]) -> None:
+    """What ``compressor.reduce`` sends for a bucket without values: the same collectives on payloads of the same
+    sizes (each depends on the bucket's size only), so the same clocks and traffic; nothing is decoded."""
+    p = group.size()
+    if isinstance(compressor, PowerSGD):
+        for x in compressor.reduced(shapes):
+            if x:  # as _all_reduce_list: one ring all-reduce, padded to p chunks
+                dist.all_reduce(shape_empty((x + -x % p,), flat.dtype), group=group, algorithm="ring")
+        return
+    n = compressor.payload_bytes(flat.size, flat.itemsize)
+    everyone = shape_empty((p * n,), np.uint8)
+    dist.all_gather_into_tensor(everyone, shape_empty((n,), np.uint8), group=group, algorithm="ring")
+
+
 class CompressedDataParallel(DataParallel):
     """DDP whose bucket reduction is ``compressor``'s (the averaging weights ride on the loss, so every
     compressor sums). A rank keeps one state per bucket."""
@@ -259,8 +283,10 @@ class CompressedDataParallel(DataParallel):
         if self.dp == 1:
             return None
         state = self.states[unit.name]
-        if isinstance(self.compressor, PowerSGD):
-            shapes = [tuple(p.data.shape) for p in unit.params]
+        shapes = [tuple(p.data.shape) for p in unit.params]
+        if isinstance(flat, ShapeArray):
+            _reduce_shapes(self.compressor, flat, self.group, shapes)
+        elif isinstance(self.compressor, PowerSGD):
             body = flat[:sum(math.prod(s) for s in shapes)]
             self.compressor.reduce(body, self.group, state, shapes)
         else:

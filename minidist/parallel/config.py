@@ -23,8 +23,8 @@ collective offers is refused here.
 
 Every layout ``train`` accepts reproduces one device (``tests/test_compose.py``: every combination of
 dp, tp, pp, cp, ep in {1, 2} with every data-parallel flavour and recomputation mode). What it refuses,
-with a ValueError before any rank starts, it refuses for a reason of meaning, never because two
-strategies were not built to meet (``refusals.py`` holds every check):
+with a ValueError before any rank starts, it refuses for a reason of meaning, except the few pairs listed
+at the end as not built yet (``refusals.py`` and ``train`` hold every check):
 
 * a mixture-of-experts model with ``microbatches > 1``: expert capacity and the load-balancing loss
   are statistics of the whole batch, and per micro-batch they define another objective (so an MoE
@@ -34,23 +34,37 @@ strategies were not built to meet (``refusals.py`` holds every check):
 * MoE with sequence parallelism: a sequence shard would route only its own tokens;
 * ``dropout > 0``: the random masks would differ from one layout to another;
 * shapes that do not split: heads, hidden sizes or vocabulary over ``tp``, the sequence over ``cp``
-  (and over ``tp`` with sequence parallelism), Ulysses' ``n_heads / tp`` query heads over ``cp``,
+  (and each cp rank's ``seq_len / cp`` positions over ``tp`` with sequence parallelism), Ulysses'
+  ``n_heads / tp`` query heads over ``cp``,
   experts over ``ep``, layers over ``pp x virtual_stages``, the batch over the ranks and micro-batches.
 
 Two attention variants of chapter 31a are the exception, refused because the parallel code does not
 implement them (rather than compute something else): sliding-window attention (``GPTConfig.window``)
 with ``cp > 1``, since ring and Ulysses attention apply the full causal mask only, and latent attention
 (``GPTConfig.kv_latent``) with tensor or sequence parallelism, which splits wq, wk, wv by heads.
+
+Not built yet, and refused as such ("not built yet" in the message): gradient ``compression`` with a
+mixture-of-experts model (the compressors sit on DDP's reducer, MoE reduces expert and dense gradients
+over two groups); loss scaling (``precision="fp16"`` or ``loss_scale``) with checkpoints, and
+``GPTConfig(moe_balance="bias")`` with checkpoints (the loss scale and the routing biases are not saved,
+so a resumed run would not continue the same one).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from minidist.collectives import known_algorithms
 
 OFFLOAD = (None, "optimizer", "optimizer+params")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zb-h1", "dualpipev", "dualpipe")
+
+
+def _is_int(v: object) -> bool:
+    """A Python int that is not a bool: counts and stages are refused as True, 1.0 or "1"."""
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -91,22 +105,25 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "microbatches"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not _is_int(v) or v < 1:
                 raise ValueError(f"ParallelConfig: {name} must be an int >= 1, got {v!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"ParallelConfig: zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        # bool and float are refused by type: True == 1 and 1.0 == 1, so a membership test alone takes them
+        if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"ParallelConfig: zero_stage must be the int 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if not isinstance(self.fsdp, bool):
+            raise ValueError(f"ParallelConfig: fsdp must be True or False, got {self.fsdp!r}")
         if self.fsdp and self.zero_stage not in (0, 3):
             raise ValueError(f"ParallelConfig: fsdp=True shards parameters like ZeRO-3; it cannot be combined with "
                              f"zero_stage={self.zero_stage}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"ParallelConfig: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         r = self.recompute
-        ok = r in (None, "full", "selective") or (isinstance(r, int) and not isinstance(r, bool) and r >= 1)
+        ok = r in (None, "full", "selective") or (_is_int(r) and r >= 1)
         if not ok:
             raise ValueError(f"ParallelConfig: recompute must be None, 'full', 'selective' or an int k >= 1 "
                              f"(a checkpoint every k layers), got {r!r}")
         n = self.recompute_layers
-        if n is not None and (r != "full" or isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        if n is not None and (r != "full" or not _is_int(n) or n < 1):
             raise ValueError(f"ParallelConfig: recompute_layers must be None or an int >= 1 with recompute='full' "
                              f"(the first n layers of each stage are recomputed), got {n!r} with recompute={r!r}")
         if self.offload not in OFFLOAD:
@@ -114,9 +131,11 @@ class ParallelConfig:
         if self.offload == "optimizer+params" and not (self.zero_stage == 3 or self.fsdp):
             raise ValueError("ParallelConfig: offload='optimizer+params' streams sharded layers from the host; "
                              "use it with zero_stage=3 or fsdp=True")
-        if not self.bucket_bytes > 0:
-            raise ValueError(f"ParallelConfig: bucket_bytes must be > 0, got {self.bucket_bytes!r}")
-        if not isinstance(self.virtual_stages, int) or self.virtual_stages < 1:
+        b = self.bucket_bytes
+        if not isinstance(b, numbers.Real) or isinstance(b, bool) or not (math.isfinite(b) and b > 0):
+            raise ValueError(f"ParallelConfig: bucket_bytes must be a finite number of bytes > 0 (25 * 2**20 for "
+                             f"25 MiB), got {b!r}")
+        if not _is_int(self.virtual_stages) or self.virtual_stages < 1:
             raise ValueError(f"ParallelConfig: virtual_stages must be an int >= 1, got {self.virtual_stages!r}")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise ValueError(f"ParallelConfig: virtual_stages={self.virtual_stages} needs schedule='interleaved', "
@@ -133,7 +152,7 @@ class ParallelConfig:
         if self.algorithm is not None and self.algorithm not in known_algorithms() + ["native"]:
             raise ValueError(f"ParallelConfig: algorithm must be None (the runtime chooses), one of "
                              f"{known_algorithms()} or 'native' (MPI's own, backend='mpi'), got {self.algorithm!r}")
-        if not isinstance(self.prefetch, int) or self.prefetch < 0:
+        if not _is_int(self.prefetch) or self.prefetch < 0:
             raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
         if self.compression is not None:
             if not (hasattr(self.compression, "reduce") and hasattr(self.compression, "payload_bytes")):

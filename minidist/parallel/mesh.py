@@ -49,7 +49,7 @@ def build_mesh(config: ParallelConfig, rank: int | None = None) -> DeviceMesh:
 SYMMETRIC = ("dp", "ep", "tp")  # and cp under Ulysses (see representatives)
 
 
-def representatives(config: ParallelConfig) -> list[int]:
+def representatives(config: ParallelConfig, global_batch: int | None = None) -> list[int]:
     """``rep[r]``: the rank that stands for rank ``r`` in a shape-only run, the rank of ``r``'s pipeline stage with
     every symmetric coordinate 0.
 
@@ -61,8 +61,14 @@ def representatives(config: ParallelConfig) -> list[int]:
     node), and a representative ran its step up to 10% short; every cp coordinate runs there. Ulysses' context
     ranks are alike (each holds whole sequences for its heads). With one rank per stage simulated, 16,384 ranks
     cost what 16 do.
+
+    A ``global_batch`` that dp x ep does not divide gives the first ranks one sequence more (``split_sizes``):
+    their shares differ, so every dp and ep coordinate runs then.
     """
     symmetric = SYMMETRIC + (("cp",) if config.cp_method == "ulysses" else ())
+    if global_batch is not None and global_batch % (config.dp * config.ep):
+        # one representative per share would pair mirrors across unlike ranks, which the transport cannot
+        symmetric = tuple(a for a in symmetric if a not in BATCH)
     shape = tuple(getattr(config, a) for a in AXES)
     grid = np.arange(int(np.prod(shape))).reshape(shape)
     index = tuple(slice(None) if a not in symmetric else slice(0, 1) for a in AXES)

@@ -3,7 +3,9 @@
 Every reason is one of meaning: a layout that would compute something else than one device (another
 objective, masks or dropped tokens that depend on the layout), or a shape that does not split evenly.
 Two attention variants are refused because the parallel code does not implement them: a sliding
-window with context parallelism, latent attention with tensor parallelism.
+window with context parallelism, latent attention with tensor parallelism; and three pairs are refused
+because they are not built yet (compression with MoE here; loss scaling or routing biases with checkpoints
+in ``train``), each message says so.
 The list, in words, is in ``ParallelConfig``'s docstring; ``tests/test_compose.py`` shows that every
 other combination of the strategies trains exactly like one device.
 """
@@ -25,8 +27,9 @@ def check_layout(cfg, pc: ParallelConfig, global_batch: int) -> None:
     if pc.pp > 1:
         _pipeline(cfg, pc)
     if pc.compression is not None and cfg.n_experts:
-        raise ValueError("parallel.train: gradient compression is built on DDP's reducer; mixture-of-experts models "
-                         "reduce expert and dense gradients over two groups and do not take it yet")
+        raise ValueError(f"parallel.train: gradient compression ({type(pc.compression).__name__}) with a "
+                         f"mixture-of-experts model (n_experts={cfg.n_experts}) is not built yet: the compressors "
+                         "sit on DDP's reducer, and MoE reduces expert and dense gradients over two groups")
     if cfg.dropout:
         raise ValueError(f"parallel.train: dropout must be 0 (random masks would differ between layouts), "
                          f"got {cfg.dropout}")
@@ -85,6 +88,11 @@ def _tokens(cfg, pc) -> None:
         if cfg.seq_len % pieces:
             raise ValueError(f"parallel.train: seq_len={cfg.seq_len} must split into {pieces} equal chunks "
                              f"(cp={pc.cp}, cp_layout={pc.cp_layout!r})")
+        if pc.sequence_parallel and (cfg.seq_len // pc.cp) % pc.tp:
+            # sequence parallelism cuts each cp rank's positions once more over tp
+            raise ValueError(f"parallel.train: sequence_parallel splits each cp rank's seq_len / cp = "
+                             f"{cfg.seq_len} / {pc.cp} = {cfg.seq_len // pc.cp} positions over tp={pc.tp}: they "
+                             f"must divide evenly")
         if pc.cp_method == "ulysses" and (cfg.n_heads // pc.tp) % pc.cp:
             raise ValueError(f"parallel.train: Ulysses deals each rank's {cfg.n_heads // pc.tp} query heads "
                              f"(n_heads={cfg.n_heads} / tp={pc.tp}) out over cp={pc.cp}: they must divide evenly")
@@ -120,10 +128,33 @@ def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: boo
         raise ValueError("parallel.train: shape_only=True runs without values, so it cannot route tokens to experts "
                          "by the router's scores; give GPTConfig(expert_load='balanced') or each expert's share")
     if representatives and pc.ep > 1 and getattr(cfg, "n_experts", 0):
-        tokens = global_batch // (pc.dp * pc.ep) * cfg.seq_len // pc.cp * cfg.top_k
+        # a plan routes by the global token index, so each run of consecutive tokens a rank holds (all its rows with
+        # cp = 1, else each cp chunk of a sequence) must deal every expert alike
+        run = global_batch // (pc.dp * pc.ep) * cfg.seq_len if pc.cp == 1 else \
+            cfg.seq_len // (pc.cp * (2 if pc.cp_layout == "zigzag" else 1))
+        tokens = run * cfg.top_k
         if cfg.expert_load != "balanced" or global_batch % (pc.dp * pc.ep) or tokens % cfg.n_experts:
             raise ValueError(
                 f"parallel.train: representatives=True stands for ep ranks only when every rank's experts receive "
-                f"the same rows: expert_load='balanced' with each rank's {cfg.top_k} x tokens divisible by "
-                f"n_experts={cfg.n_experts} (got expert_load={cfg.expert_load!r}, {tokens} assignments per rank); "
-                f"run every rank (representatives=False) for an uneven load")
+                f"the same rows: expert_load='balanced' with {cfg.top_k} x the tokens of each run of consecutive "
+                f"positions a rank holds (its rows, or each cp chunk) divisible by n_experts={cfg.n_experts} (got "
+                f"expert_load={cfg.expert_load!r}, {tokens} assignments per run); run every rank "
+                f"(representatives=False) for an uneven load")
+
+
+def check_resilience(model_config, mp, checkpoint_dir, resume) -> None:
+    """``train``'s checkpoint options: ``resume``'s spelling, and the pairs with checkpoints not built yet (state a
+    checkpoint does not save, so a resumed run would not continue the same one)."""
+    if resume is not True and resume is not False and resume != "or-start-over":
+        raise ValueError(f"parallel.train: resume must be True, False or 'or-start-over', got {resume!r}")
+    if resume and checkpoint_dir is None:
+        raise ValueError(f"parallel.train: resume={resume!r} needs checkpoint_dir")
+    if checkpoint_dir is None:
+        return
+    if mp.scaler() is not None:
+        raise ValueError(f"parallel.train: loss scaling (precision={mp.precision!r}, loss_scale={mp.loss_scale!r}) "
+                         "with checkpoints is not built yet: the loss scale is not saved, so a resumed run would "
+                         "restart it")
+    if getattr(model_config, "moe_balance", "aux_loss") == "bias":
+        raise ValueError("parallel.train: moe_balance='bias' with checkpoints is not built yet: the routing "
+                         "biases are not saved, so a resumed run would route by other biases")

@@ -22,7 +22,7 @@ import warnings
 from minidist.parallel.checkpointing import Attempt, CheckpointPlan, failure_path
 from minidist.parallel.rank_state import merge
 from minidist.resilience.failures import Faults, RankFailure
-from minidist.resilience.store import latest
+from minidist.resilience.store import CheckpointError, discard_partial, latest, set_aside
 from minidist.runtime import RankError
 
 
@@ -39,11 +39,11 @@ class Attempts:
     """The attempts of one run, and the account of what failures cost."""
 
     def __init__(self, plan: CheckpointPlan | None, faults: Faults | None, restart: bool, max_restarts: int,
-                 resume: bool) -> None:
+                 resume: bool | str, steps: int | None = None) -> None:
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"parallel.train: max_restarts must be an int >= 0, got {max_restarts!r}")
         self.plan, self.faults, self.restart, self.resume = plan, faults, restart, resume
-        self.max_restarts = max_restarts
+        self.max_restarts, self.steps = max_restarts, steps
         self.losses: list[float] = []  # of the steps before the state resumed from
         self.times: list[float] = []
         self.failures: list[dict] = []
@@ -58,6 +58,10 @@ class Attempts:
             os.mkdir(record_dir, 0o700)
             kills = list(self.faults.kill) if self.faults is not None else []
             state = self._load() if self.resume else None
+            if state is not None and self.steps is not None and state["step"] >= self.steps:
+                raise ValueError(f"parallel.train: the newest intact checkpoint in {self.plan.root} is of step "
+                                 f"{state['step']}, at or past steps={self.steps}: nothing is left to train; pass "
+                                 f"steps > {state['step']} to continue it, or another checkpoint_dir to start anew")
             for index in range(self.max_restarts + 1):
                 try:
                     return launch_attempt(Attempt(self.plan, self.faults, record_dir, index, tuple(kills), state))
@@ -81,10 +85,25 @@ class Attempts:
                               f"(raise max_restarts, or checkpoint more often)")
         finally:
             shutil.rmtree(record_dir, ignore_errors=True)
+            if self.plan is not None and self.plan.every is not None:
+                discard_partial(self.plan.root)  # a failed write's files: no rank is writing any more
 
     def _load(self) -> dict | None:
-        """The newest intact checkpoint as whole tensors, or None (then the run starts over)."""
-        found = None if self.plan is None else latest(self.plan.root, warn=lambda m: warnings.warn(m, stacklevel=2))
+        """The newest intact checkpoint as whole tensors, or None when there is none (then the run starts over).
+
+        Checkpoints that are all unusable raise CheckpointError, unless ``resume="or-start-over"``: then they are
+        set aside (renamed ``*.unusable``) with a warning, and the run starts over."""
+        found = None
+        if self.plan is not None:
+            try:
+                found = latest(self.plan.root, warn=lambda m: warnings.warn(m, stacklevel=2))
+            except CheckpointError as e:
+                if self.resume != "or-start-over":
+                    raise CheckpointError(f"parallel.train: {e}. Pass resume='or-start-over' to start from step 0 "
+                                          f"instead (the unusable checkpoints are renamed *.unusable)") from None
+                moved = set_aside(self.plan.root)
+                warnings.warn(f"parallel.train: {e}; starting over from step 0 (resume='or-start-over'), the unusable "
+                              f"checkpoints are set aside as {', '.join(p.name for p in moved)}", stacklevel=3)
         if found is None:
             self.losses, self.times = [], []
             return None

@@ -32,7 +32,7 @@ from minidist.parallel.mesh import representatives as mesh_representatives
 from minidist.parallel.mixed_precision import MixedPrecision, unscale_and_agree
 from minidist.parallel.parallelize import parallelize, split_sizes
 from minidist.parallel.pipeline_stages import layer_costs
-from minidist.parallel.refusals import check_layout, check_shape_only
+from minidist.parallel.refusals import check_layout, check_resilience, check_shape_only
 from minidist.parallel.restart import Attempts, step_loss
 from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
 from minidist.resilience.failures import Faults
@@ -176,7 +176,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
           cluster=None, dtype: str = "float64", optimizer: str = "adamw", lr: float = 1e-3,
           weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
           momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
-          checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool = False,
+          checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool | str = False,
           restart: bool = False, faults: Faults | None = None, max_restarts: int = 20, precision: str | None = None,
           loss_scale: str | float | None = None, backend: str = "sim", shape_only: bool = False,
           representatives: bool = False) -> TrainResult:
@@ -191,9 +191,15 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
 
     Resilience (chapter 26): ``checkpoint_dir`` and ``checkpoint_every`` write a sharded checkpoint every
     that many steps (``async_checkpoint``: in the background); ``resume=True`` starts from the newest intact
-    checkpoint there, whatever layout wrote it; ``faults`` (``md.resilience.Faults``) kills ranks or slows
-    them; with ``restart=True`` a failed attempt restarts from the newest intact checkpoint (or from the
-    start without one), at most ``max_restarts`` times, and the result counts the simulated time lost.
+    checkpoint there, whatever layout wrote it, skipping damaged ones with a warning (each manifest carries its own
+    SHA-256 and lists its files' SHA-256s: nothing unverified is loaded; ``md.resilience.seal`` vouches for one
+    written before manifests had a checksum). With no checkpoint there yet (an empty or missing directory) it starts
+    from step 0, so one call both starts a job and resumes it; if there are checkpoints and none is intact it raises
+    ``CheckpointError`` naming each, unless ``resume="or-start-over"``, which sets them aside and starts from step 0.
+    A checkpoint at or past ``steps`` is an error (nothing is left to train), not a no-op. ``faults``
+    (``md.resilience.Faults``) kills ranks or slows them; with ``restart=True`` a failed attempt restarts from the
+    newest intact checkpoint (or from the start without one), at most ``max_restarts`` times, and the result counts
+    the simulated time lost.
 
     Mixed precision (chapter 30): ``precision`` ("bf16", "fp16" or "fp8") runs the matrix products in that format
     over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges each op
@@ -208,7 +214,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     op, message and booking is charged as with data, so ``time`` and the memory fields are those of the real run,
     while ``losses`` are NaN and ``params``/``grads`` empty. With ``representatives=True`` (shape-only, in process)
     only one rank per pipeline stage (and ring-attention context rank) runs and stands for the ranks that differ
-    from it in dp, ep or tp, and cp under Ulysses (``parallel.mesh.representatives``): thousands of ranks in seconds.
+    from it in dp, ep or tp, and cp under Ulysses (``parallel.mesh.representatives``): thousands of ranks in seconds
+    (when dp x ep does not divide ``global_batch`` the shares differ, and every dp and ep coordinate runs).
     """
     pc = ParallelConfig() if parallel is None else parallel
     if not isinstance(pc, ParallelConfig) and hasattr(getattr(pc, "layout", pc), "zero_stage"):
@@ -227,11 +234,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     if len(betas) != 2 or not all(isinstance(b, numbers.Real) and 0 <= b < 1 for b in betas):
         raise ValueError(f"parallel.train: betas must be two numbers in [0, 1), got {betas!r}")
     mp = MixedPrecision(precision, loss_scale)
-    if mp.scaler() is not None and checkpoint_dir is not None:
-        raise ValueError("parallel.train: loss scaling with checkpoints is not supported yet (the scale is not saved)")
-    if getattr(model_config, "moe_balance", "aux_loss") == "bias" and checkpoint_dir is not None:
-        raise ValueError("parallel.train: moe_balance='bias' with checkpoints is not supported yet (the routing "
-                         "biases are not saved)")
+    check_resilience(model_config, mp, checkpoint_dir, resume)
     cfg = replace(model_config, dtype=dtype)
     check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
@@ -258,10 +261,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     check_shape_only(cfg, pc, global_batch, shape_only, representatives, backend,
                      (faults is not None and not faults.timing_only) or restart or plan is not None
                      or mp.scaler() is not None)
-    represent = mesh_representatives(pc).__getitem__ if representatives else None
-    if resume and checkpoint_dir is None:
-        raise ValueError("parallel.train: resume=True needs checkpoint_dir")
-    attempts = Attempts(plan, faults, restart, max_restarts, resume)
+    represent = mesh_representatives(pc, global_batch).__getitem__ if representatives else None
+    attempts = Attempts(plan, faults, restart, max_restarts, resume, steps)
     res = attempts.run(lambda attempt: launch(
         _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
                                                      attempt, mp, bool(shape_only)),
@@ -289,8 +290,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         losses=losses, params=params, grads=grads, time=time,
         memory=[dict(m.peak) for m in res.memory], peak_memory=[m.peak_total for m in res.memory], trace=res.trace,
         peak_breakdown=[dict(m.peak_breakdown) for m in res.memory],
-        memory_timeline=[list(m.timeline) for m in res.memory],
-        comm_bytes=comm,
+        memory_timeline=[list(m.timeline) for m in res.memory], comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
         rank_params=rank_params,
         activations=out[0]["acts"], state_bytes=mp.state_bytes(dtype, optimizer),

@@ -12,7 +12,7 @@ from minidist.resilience.failures import (
     system_mtbf,
     young_daly_interval,
 )
-from minidist.resilience.store import CheckpointError, committed, latest, read
+from minidist.resilience.store import CheckpointError, committed, latest, read, seal
 
 __all__ = ["CheckpointError", "Faults", "RankFailure", "committed", "expected_completion", "latest", "overhead",
-           "read", "system_mtbf", "young_daly_interval"]
+           "read", "seal", "system_mtbf", "young_daly_interval"]
