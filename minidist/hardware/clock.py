@@ -61,12 +61,7 @@ class Clock:
             return self._peaks[dtype]
         except KeyError:
             pass
-        name = self.cluster.compute_dtype or (dtype if isinstance(dtype, str) else np.dtype(dtype).name)
-        try:
-            p = self.cluster.gpu.peak(name)
-        except ValueError:
-            p = self.cluster.gpu.peak("fp32")  # integer and bool ops: charge at the fp32 rate
-        self._peaks[dtype] = p
+        self._peaks[dtype] = p = self.format(dtype)[1]  # integer and bool ops: charged at the fp32 rate
         return p
 
     def roofline(self, flops: float, nbytes: float, dtype=np.float32) -> float:

@@ -40,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+from minidist.hardware.specs import FORMAT_OF
+from minidist.hardware.specs import gpu as gpu_named
+
 KINDS = ("gemm", "elementwise", "activation", "norm", "softmax")
 VECTOR_KINDS = ("activation", "norm", "softmax")  # priced by their FLOPs on the vector units too
 DATA = Path(__file__).with_name("data") / "h200_eager.json"
@@ -134,7 +137,7 @@ class KernelModel:
 def peak_format(gpu, dtype_name: str) -> tuple[str, float]:
     """The peak format an op of ``dtype_name`` (a numpy dtype's name or a format: "bf16", "fp8", ...) is charged at on
     ``gpu``, and its FLOP/s; formats the GPU has no peak for (integers, booleans) run at the fp32 peak."""
-    key = {"float64": "fp32", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype_name, dtype_name)
+    key = FORMAT_OF.get(dtype_name, dtype_name)
     if key not in gpu.peak_flops:
         key = "fp32"
     return key, gpu.peak(key)
@@ -305,8 +308,6 @@ def fit_kernels(measurements: list[Measurement], gpu=None, name: str = "fit", so
     the parameters minimising the squared log error of every kernel's predicted time (one kernel in a loop, so
     the host and the GPU overlap as in ``KernelModel.seconds``). Kinds or formats absent from the measurements
     are absent from the model."""
-    from minidist.hardware.specs import gpu as gpu_named
-
     g = gpu_named("H200-141GB-SXM") if gpu is None else gpu
     if not measurements:
         raise ValueError("fit_kernels: no measurements")

@@ -14,6 +14,10 @@ from pathlib import Path
 _DATA = json.loads((Path(__file__).with_name("hardware.json")).read_text())
 
 
+# the peak format a numpy dtype's arithmetic is charged at
+FORMAT_OF = {"float64": "fp32", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator: ``peak_flops`` maps a dtype name (fp32, tf32, bf16, fp16, fp8) to FLOP/s."""
@@ -26,7 +30,7 @@ class GPU:
 
     def peak(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype``; float64/float32 arrays are charged at the fp32 peak."""
-        key = {"float64": "fp32", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+        key = FORMAT_OF.get(dtype, dtype)
         if key not in self.peak_flops:
             raise ValueError(f"GPU {self.name!r} has no peak for dtype {dtype!r}; known: {sorted(self.peak_flops)}")
         return self.peak_flops[key]

@@ -122,11 +122,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     """``python -m minidist device [--data FILE] [--refit]``: print ``validate_device``'s tables."""
     model = None
-    if args.refit or Path(args.data).resolve() != K.DATA.resolve():
+    if Path(args.data).resolve() != K.DATA.resolve():
         model = K.fit_kernels(K.load_measurements(args.data), name="fitted to " + Path(args.data).name,
                               source=args.data)
-        if Path(args.data).resolve() == K.DATA.resolve():
-            model = K.fit_kernels(K.load_measurements(), name="H200 eager (fitted)", source=K.H200_SOURCE)
-            K.FIT.write_text(K.as_json(model))
-            K.measured_kernels.cache_clear()
+    elif args.refit:
+        model = K.fit_kernels(K.load_measurements(), name="H200 eager (fitted)", source=K.H200_SOURCE)
+        K.FIT.write_text(K.as_json(model))
+        K.measured_kernels.cache_clear()
     validate_device(model, args.data)
