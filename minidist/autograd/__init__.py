@@ -21,7 +21,7 @@ gathered from ``softmax.py``, ``norms.py``, ``activations.py``, ``attention.py``
 ``shape_only.py`` (arrays with shapes and layouts but no values: the same charges at any size).
 """
 
-from minidist.autograd import cost, functional, ops  # noqa: F401  (ops attaches operators to Tensor)
+from minidist.autograd import cost, engine, functional, ops  # noqa: F401  (engine and ops attach methods to Tensor)
 from minidist.autograd.allocator import keep_freed_memory
 from minidist.autograd.checkpoint import checkpoint
 from minidist.autograd.function import Function, FunctionCtx

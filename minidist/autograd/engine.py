@@ -11,7 +11,8 @@ Two passes, both iterative (a 10,000-op chain must not hit Python's recursion li
    fire immediately, while the rest of the backward still runs (this is what lets data
    parallelism overlap the gradient all-reduce of late layers with the backward of early ones).
 
-Gradients from closures are ndarrays, or ``Partial`` contributions that touch only part of a
+``Tensor.backward`` is defined here and attached to the class (tensor.py holds the data structure
+only). Gradients from closures are ndarrays, or ``Partial`` contributions that touch only part of a
 parent (slices, gathered rows, one output of a multi-output op): they are scattered into one
 buffer instead of materialising a zero-padded array per use.
 """
@@ -147,6 +148,20 @@ def _finalize_leaf(t: Tensor, entry: list | None) -> None:
     if t._post_hooks:
         for hook in list(t._post_hooks):
             hook(t)
+
+
+def backward(self: Tensor, grad: Any = None, retain_graph: bool = False) -> None:
+    """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
+
+    ``grad`` is the gradient flowing into ``self`` (required unless ``self`` has one element).
+    The recorded graph is freed afterwards unless ``retain_graph=True``.
+    """
+    run_backward((self,), (grad,), retain_graph=retain_graph)
+
+
+# A method of Tensor defined here, beside the traversal it starts: tensor.py is below this module and does
+# not import it (as the operators are attached by ops.py).
+Tensor.backward = backward
 
 
 def run_backward(roots: Sequence[Tensor], grads: Sequence[Any], retain_graph: bool = False) -> None:

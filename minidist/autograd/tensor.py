@@ -10,8 +10,8 @@ gradients flowing back from each use (reverse accumulation), and its own closure
 that sum is complete. Leaves (parameters, inputs) store the result in ``.grad``.
 
 Operators and methods (``+``, ``@``, ``sum``, ``exp`` ...) are attached to the class in
-``ops.py``; the traversal itself lives in ``engine.py``. This module holds the data structure
-and the dtype rules shared by every operation.
+``ops.py``; the traversal itself lives in ``engine.py``, which attaches ``Tensor.backward``. This
+module holds the data structure and the dtype rules shared by every operation, and imports neither.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Tensor:
 
     ``Tensor(data)`` wraps ``data`` without copying (use ``minidist.tensor`` for a copy). Float
     tensors (float16/32/64) can require grad; integer and bool tensors are plain data (token ids,
-    indices, masks).
+    indices, masks). ``backward`` is defined in ``engine.py``, beside the traversal it starts.
     """
 
     __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_op", "_hooks", "_post_hooks",
@@ -164,16 +164,6 @@ class Tensor:
     def zero_grad(self) -> None:
         """Forget the accumulated gradient (sets ``.grad`` to None, like ``set_to_none=True``)."""
         self.grad = None
-
-    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``.
-
-        ``grad`` is the gradient flowing into ``self`` (required unless ``self`` has one element).
-        The recorded graph is freed afterwards unless ``retain_graph=True``.
-        """
-        from minidist.autograd.engine import run_backward
-
-        run_backward((self,), (grad,), retain_graph=retain_graph)
 
     def register_hook(self, fn: Callable[[np.ndarray], Any]) -> RemovableHandle:
         """Call ``fn(grad)`` with the total gradient flowing into this tensor during backward.

@@ -4,8 +4,8 @@ No processes, no state: the engineer's calculator and the labs' formula side. SI
 (bytes, seconds, FLOPs, FLOP/s, bytes/s; alpha in seconds, beta in bytes/s per direction).
 Modules, one per part of the book: roofline, comm, flops, memory, pipeline, strategies, scaling,
 reliability, economics, frontier; models and clusters (named configs); perf (the step-time model),
-calibration (its two constants, fitted on Megatron 2021), planner and search; gpt_ops, streams, sharded_step and
-predict (``predict_train``: a run of ``md.parallel.train`` predicted op by op, equal to the simulator).
+calibration (fits its two constants, kept in calibrated, on Megatron 2021), planner and search; gpt_ops, streams,
+sharded_step and predict (``predict_train``: a run of ``md.parallel.train`` predicted op by op, equal to the simulator).
 See README.md beside this file.
 """
 

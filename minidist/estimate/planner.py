@@ -21,7 +21,7 @@ import math
 from dataclasses import replace
 
 from minidist.estimate._check import choice, count, fraction
-from minidist.estimate.calibration import CALIBRATED
+from minidist.estimate.calibrated import CALIBRATED
 from minidist.estimate.clusters import ClusterSpec
 from minidist.estimate.clusters import cluster as _cluster
 from minidist.estimate.memory import RECOMPUTE

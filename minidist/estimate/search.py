@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from minidist.estimate._check import count
-from minidist.estimate.calibration import CALIBRATED
+from minidist.estimate.calibrated import CALIBRATED
 from minidist.estimate.clusters import ClusterSpec
 from minidist.estimate.clusters import cluster as _cluster
 from minidist.estimate.memory import model_state_bytes

@@ -3,15 +3,21 @@
 A check runs the learner's code against a reference and, when they disagree, raises
 :class:`CheckFailed` whose message says which input went wrong, what was expected, what came
 back, and a hint pointing at the usual mistake. On success it prints one short line, so a
-notebook shows progress without noise.
+notebook shows progress without noise. In a notebook the failure shows its message and the learner's
+own frames, never the check's source (the answer); ``notebook.py`` renders every other error.
 """
 
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])
+_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
 
 class CheckFailed(AssertionError):
@@ -19,9 +25,39 @@ class CheckFailed(AssertionError):
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows: the message and the learner's frames, never the check's source."""
-        from minidist.labs.notebook import render_check_failure
-
         return render_check_failure(self)
+
+
+def learner_frames(exc: BaseException | None) -> list[str]:
+    """The formatted traceback frames of ``exc`` that are not minidist's own (the learner's code)."""
+    if exc is None or exc.__traceback__ is None:
+        return []
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE)]
+    return traceback.format_list(frames)
+
+
+def learner_lines(traceback_text: str) -> str:
+    """The frames of a formatted traceback (a rank's, which arrives as text) that are not minidist's own."""
+    lines, keep = [], False
+    for line in traceback_text.splitlines():
+        if line.startswith("  File "):
+            keep = not line.startswith(f'  File "{_PACKAGE}')
+        elif not line.startswith("    "):
+            keep = False  # the header, or the exception line at the end
+        if keep:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def render_check_failure(exc: BaseException) -> list[str]:
+    """The lines a notebook shows for a failing check: its message and the learner's own frames."""
+    name = type(exc).__name__
+    lines = f"{_RED}{name}{_RESET}: {exc}".splitlines()
+    frames = learner_frames(exc.__cause__)
+    if frames:
+        lines += ["", f"where your code raised {type(exc.__cause__).__name__}:"]
+        lines += [line.rstrip("\n") for frame in frames for line in frame.splitlines()]
+    return lines
 
 
 def _plain(v):

@@ -6,7 +6,8 @@ that fails only because an exercise above it is unfinished they are a riddle (``
 an IPython shell (a Jupyter kernel or the terminal):
 
 - a :class:`CheckFailed` shows its message, then only the learner's own frames if their code raised
-  inside the check (``CheckFailed._render_traceback_``, IPython's protocol for this);
+  inside the check (``CheckFailed._render_traceback_``, IPython's protocol for this, in ``check.py`` with the
+  rest of what a failure says);
 - an exercise stub (``raise NotImplementedError  # your code here``) shows one line naming the exercise;
 - a function the failing cell defines that raised when a check called it shows the error and the cell's
   frames: the learner's own mistake, even while an exercise above is unfinished;
@@ -25,46 +26,17 @@ import sys
 import traceback
 from pathlib import Path
 
+from minidist.labs.check import _RED, _RESET, CheckFailed
+from minidist.labs.check import learner_frames as learner_frames  # re-exported: importable from here too
+from minidist.labs.check import learner_lines as learner_lines
+from minidist.labs.check import render_check_failure as render_check_failure
+
 STUB = "# your code here"
-_PACKAGE = str(Path(__file__).resolve().parents[1])
 _CHECKS = str(Path(__file__).resolve().parent)  # minidist/labs: the checks that call a learner's function
-_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
 
 # exercise name -> (key, source) of the cell where it last failed; the most recent failure last
 _unfinished: dict[str, tuple[str, str]] = {}
 _cell = {"key": "", "source": "", "count": None}
-
-
-def learner_frames(exc: BaseException | None) -> list[str]:
-    """The formatted traceback frames of ``exc`` that are not minidist's own (the learner's code)."""
-    if exc is None or exc.__traceback__ is None:
-        return []
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE)]
-    return traceback.format_list(frames)
-
-
-def learner_lines(traceback_text: str) -> str:
-    """The frames of a formatted traceback (a rank's, which arrives as text) that are not minidist's own."""
-    lines, keep = [], False
-    for line in traceback_text.splitlines():
-        if line.startswith("  File "):
-            keep = not line.startswith(f'  File "{_PACKAGE}')
-        elif not line.startswith("    "):
-            keep = False  # the header, or the exception line at the end
-        if keep:
-            lines.append(line)
-    return "\n".join(lines)
-
-
-def render_check_failure(exc: BaseException) -> list[str]:
-    """The lines a notebook shows for a failing check: its message and the learner's own frames."""
-    name = type(exc).__name__
-    lines = f"{_RED}{name}{_RESET}: {exc}".splitlines()
-    frames = learner_frames(exc.__cause__)
-    if frames:
-        lines += ["", f"where your code raised {type(exc.__cause__).__name__}:"]
-        lines += [line.rstrip("\n") for frame in frames for line in frame.splitlines()]
-    return lines
 
 
 def stub_exercise(etype: type, tb) -> str | None:
@@ -155,8 +127,6 @@ def _post_run_cell(result) -> None:
 
 
 def _handler(shell, etype, value, tb, tb_offset=None):
-    from minidist.labs.check import CheckFailed
-
     count = getattr(shell, "execution_count", None)
     _cell["count"] = count - 1 if isinstance(count, int) else None  # IPython counts a cell before running it
     exercise = stub_exercise(etype, tb) or _stub_on_a_rank(value)
