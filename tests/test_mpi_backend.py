@@ -636,3 +636,20 @@ def test_torchs_other_calls_run_under_mpi_too():
     for r, got in enumerate(launch(f, 3, backend="mpi")):
         assert got == ([3] * 3, [3] * 3, [{"r": 0}, {"r": 1}, {"r": 2}], [float((r - 1) % 3)] * 2,
                        [("hello", 0) if r == 2 else None], "mpi", False)
+
+
+def _even_here_uneven_there() -> np.ndarray:
+    """Rank 0's blocks are all 2 rows (MPI's plain all-to-all would do), rank 1's are not: both must take the same
+    MPI call, or MPI matches an all-to-all with an all-to-all-v."""
+    r = dist.get_rank()
+    splits = [2, 2] if r == 0 else [2, 3]
+    x = np.arange(sum(splits), dtype=np.float64) + 10 * r
+    out = np.zeros(sum(splits))
+    dist.all_to_all_single(out, x, splits, splits, algorithm="native")
+    return out
+
+
+def test_native_all_to_all_with_even_blocks_on_some_ranks_only():
+    res = launch(_even_here_uneven_there, 2, timeout=30, backend="mpi")
+    np.testing.assert_array_equal(res[0], [0, 1, 10, 11])
+    np.testing.assert_array_equal(res[1], [2, 3, 12, 13, 14])

@@ -2,17 +2,23 @@
 
 Under the MPI backend every collective also takes ``algorithm="native"`` (the table ``NATIVE``, kept
 apart from ``ALGORITHMS``): the data moves by the MPI library's implementation (MPICH picks its own
-algorithm by size and group) on a communicator of the group's ranks, started non-blocking so that the
-wait times out like any other. The answer must agree with minidist's algorithms up to rounding: MPI
+algorithm by size and group) on a communicator of the group's ranks, by MPI's blocking call (``Allreduce``,
+``Allgather``, ...: MPICH's fastest paths) on the caller's own buffers once the check below has shown every rank of
+the group at the same call. That check is started non-blocking and is where a rank that never comes is waited for,
+with the transport's timeout, so the blocking call cannot wait for an absent rank (a rank that dies meanwhile takes
+the MPI job down with it). The answer must agree with minidist's algorithms up to rounding: MPI
 may combine the ranks' buffers in another order, and float addition is not associative (chapter 11),
 so equality is to a tolerance, not bitwise.
 
 MPI's collectives trust their callers: ranks that pass different lengths, dtypes or roots get garbage,
-partial sums or a wait that only times out. So before the data moves the group's ranks exchange the call's
+partial sums or a wait that only times out. So before the data moves the group's ranks compare the call's
 signature (the one minidist's own algorithms send with every message: shape, dtype, op, root, algorithm,
-group) in one small all-gather of a fixed size, and ranks that disagree all raise the simulator's
-``MismatchError``, naming each call and the ranks that made it. An all-to-all also exchanges its counts,
-since the signature allows uneven splits.
+group) by a 63-bit hash of it, in one all-reduce of two integers (the maximum of ``h`` and of ``-h``: equal
+only if every rank's ``h`` is the same). Only when they differ do the ranks exchange the signatures' text, and
+all of them raise the simulator's ``MismatchError``, naming each call and the ranks that made it. An all-to-all
+also exchanges its counts, since the signature allows uneven splits. The check is also where a rank that never
+comes is caught; the data then moves straight between the caller's buffers (the whole buffer behind the pieces
+minidist's API hands an algorithm), with no copy.
 
 MPI does not say which algorithm it ran, so the simulated clock is charged the closed form of the
 algorithm ``choose`` would pick (the ring where the closed forms have no model for it, as for the
@@ -29,12 +35,15 @@ from minidist.collectives import choose
 from minidist.runtime.errors import MismatchError, misfit
 from minidist.runtime.ops import ReduceOp
 
-# bytes each rank contributes to the signature check: its signature's crc32 and length, then as much of its
-# text as fits (a fixed size, so that ranks that disagree about everything still exchange the same counts)
+# bytes each rank contributes to the naming of disagreeing calls: its signature's crc32 and length, then as much
+# of its text as fits (a fixed size, so that ranks that disagree about everything still exchange the same counts)
 SIG_RECORD = 256
 _HEAD = 8
 
 _OPS: dict = {}
+_MPI: list = []
+_HASHES: dict = {}  # signature -> [h, -h] (int64), the check's contribution
+_CHARGES: dict = {}  # (collective, nbytes, total, ranks, cluster) -> the closed form's seconds
 
 #: collective -> MPI's own implementation (kept apart from ALGORITHMS: the simulator cannot run them)
 NATIVE: dict = {}
@@ -49,25 +58,51 @@ def _native(collective: str):
 
 
 def _mpi():
-    from mpi4py import MPI  # optional: only a rank under the MPI backend gets here
+    if not _MPI:
+        from mpi4py import MPI  # optional: only a rank under the MPI backend gets here
 
-    if not _OPS:
         _OPS.update({ReduceOp.SUM: MPI.SUM, ReduceOp.PRODUCT: MPI.PROD, ReduceOp.MIN: MPI.MIN,
                      ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND, ReduceOp.BOR: MPI.BOR,
                      ReduceOp.BXOR: MPI.BXOR})
-    return MPI
+        _MPI.append(MPI)
+    return _MPI[0]
 
 
-def _comm(c):
+def _comm(c, check: bool = True):
     group_comm = getattr(c._tp, "group_comm", None)
     if group_comm is None:
         raise ValueError(f"{c.name}: algorithm='native' runs MPI's own collective, so it needs the MPI backend "
                          f"(md.launch(..., backend='mpi') or md.dist.init(backend='mpi'))")
     _mpi()
     comm = group_comm(c.ranks)
-    if c.size > 1:
+    if check and c.size > 1:
         _agree(c, comm)
     return comm
+
+
+def _wait(c, req) -> None:
+    """``c.wait_request(req)``, its wait's name spelled only if the request does not complete while polled."""
+    if not c._tp.spin_native(req):
+        c.wait_request(req)
+
+
+def _hash(sig: bytes) -> np.ndarray:
+    mine = _HASHES.get(sig)
+    if mine is None:
+        if len(_HASHES) > 4096:
+            _HASHES.clear()
+        h = (zlib.crc32(sig) << 31) ^ zlib.adler32(sig) ^ (len(sig) << 48)
+        h &= (1 << 62) - 1
+        mine = _HASHES[sig] = np.array([h, -h], np.int64)
+    return mine
+
+
+def _whole(parts, dtype) -> np.ndarray:
+    """The one flat buffer behind ``parts`` (``comm.pieces``: no copy), else their concatenation."""
+    whole = getattr(parts, "whole", None)
+    if whole is not None and parts.starts[-1] == whole.size and whole.flags.c_contiguous:
+        return whole
+    return np.concatenate(parts) if len(parts) else np.empty(0, dtype)
 
 
 def _record(sig: bytes) -> np.ndarray:
@@ -85,20 +120,30 @@ def _text(rec: np.ndarray) -> str:
     return text + ("..." if n > room else "")
 
 
-def _agree(c, comm) -> None:
+def _agree(c, comm, even: int = 0) -> bool:
     """Every rank of the group made the same call, or every one of them raises MismatchError naming the calls.
 
-    No simulated time passes (as for the simulator's signature check): it stands for the check that minidist's
-    own algorithms get free with their messages.
+    ``even``: an all-to-all's block size when every block it sends and receives has it (0 otherwise), mixed into
+    the hash: ranks that agree on it need no exchange of counts. Returns whether the ranks agree on it too (when
+    they agree on the call but not on that, the counts are compared next). No simulated time passes (as for the
+    simulator's signature check): it stands for the check that minidist's own algorithms get free with their
+    messages.
     """
+    mine = _hash(c._sig)
+    if even:
+        mine = mine + np.array([even, -even], np.int64)
+    got = np.empty(2, np.int64)
+    _wait(c, comm.Iallreduce(mine, got, op=_MPI[0].MAX))
+    if got[0] == -got[1]:  # the largest h is the smallest: every rank's is the same (every rank sees the same)
+        return True
     mine = _record(c._sig)
-    got = np.empty((c.size, SIG_RECORD), np.uint8)
-    c.wait_request(comm.Iallgather(mine, got))
-    if (got == mine).all():
-        return
+    table = np.empty((c.size, SIG_RECORD), np.uint8)
+    c.wait_request(comm.Iallgather(mine, table))
+    if (table == mine).all():
+        return False  # the same call, with other block sizes: for the counts to name
     calls: dict[bytes, list[int]] = {}  # record -> the global ranks that made that call, in rank order
     for i in range(c.size):
-        calls.setdefault(got[i].tobytes(), []).append(c.ranks[i])
+        calls.setdefault(table[i].tobytes(), []).append(c.ranks[i])
     me = c.ranks[c.rank]
     # every rank words it alike but puts its own call last, as the simulator's "rank r called ...; rank me called"
     order = sorted(calls.items(), key=lambda kv: (me in kv[1], kv[1][0]))
@@ -111,7 +156,7 @@ def _agree_counts(c, comm, scounts: list[int], rcounts: list[int], itemsize: int
     """An all-to-all's counts fit: what rank a sends rank b is what b receives from a (checked on every rank)."""
     mine = np.array(scounts + rcounts, np.int64)
     got = np.empty((c.size, 2 * c.size), np.int64)
-    c.wait_request(comm.Iallgather(mine, got))
+    _wait(c, comm.Iallgather(mine, got))
     sent, recv = got[:, : c.size], got[:, c.size :]
     bad = np.argwhere(sent != recv.T)
     if len(bad):
@@ -123,52 +168,62 @@ def _agree_counts(c, comm, scounts: list[int], rcounts: list[int], itemsize: int
 
 def _charge(c, coll: str, nbytes: int, total: int) -> None:
     """Move the cursor by the closed form of the algorithm minidist would have run."""
-    # imported here: the estimator is a large package, and only algorithm="native" needs its closed forms
-    from minidist.estimate.comm import SUPPORTED, collective_time
-
     if c.size > 1:
-        alg = choose(coll, nbytes, c)
-        alg = alg if alg in SUPPORTED.get(coll, ()) else "ring"
-        nodes = {c.node(i) for i in range(c.size)}
-        link = c.cluster.inter_link if len(nodes) > 1 else c.cluster.intra_link
-        c.advance(collective_time(coll, total, c.size, link.alpha, link.beta, alg))
+        key = (coll, nbytes, total, c.ranks, id(c.cluster))
+        hit = _CHARGES.get(key)
+        if hit is None or hit[0] is not c.cluster:
+            # imported here: the estimator is a large package, and only algorithm="native" needs its closed forms
+            from minidist.estimate.comm import SUPPORTED, collective_time
+
+            alg = choose(coll, nbytes, c)
+            alg = alg if alg in SUPPORTED.get(coll, ()) else "ring"
+            nodes = {c.node(i) for i in range(c.size)}
+            link = c.cluster.inter_link if len(nodes) > 1 else c.cluster.intra_link
+            if len(_CHARGES) > 4096:
+                _CHARGES.clear()
+            hit = _CHARGES[key] = (c.cluster, collective_time(coll, total, c.size, link.alpha, link.beta, alg))
+        c.advance(hit[1])
 
 
 @_native("all_reduce")
 def all_reduce(c, buf: np.ndarray, op: ReduceOp) -> None:
     comm = _comm(c)
-    c.wait_request(comm.Iallreduce(_mpi().IN_PLACE, buf, op=_OPS[op]))
+    comm.Allreduce(_MPI[0].IN_PLACE, buf, op=_OPS[op])
     _charge(c, "all_reduce", buf.nbytes, buf.nbytes)
 
 
 @_native("broadcast")
 def broadcast(c, buf: np.ndarray, root: int) -> None:
-    c.wait_request(_comm(c).Ibcast(buf, root=root))
+    _comm(c).Bcast(buf, root=root)
     _charge(c, "broadcast", buf.nbytes, buf.nbytes)
 
 
 @_native("reduce")
 def reduce(c, buf: np.ndarray, root: int, op: ReduceOp) -> None:
     comm = _comm(c)
-    send = _mpi().IN_PLACE if c.rank == root else buf
-    c.wait_request(comm.Ireduce(send, buf if c.rank == root else None, op=_OPS[op], root=root))
+    send = _MPI[0].IN_PLACE if c.rank == root else buf
+    comm.Reduce(send, buf if c.rank == root else None, op=_OPS[op], root=root)
     _charge(c, "reduce", buf.nbytes, buf.nbytes)
 
 
 @_native("scatter")
 def scatter(c, out: np.ndarray, chunks, root: int) -> None:
     comm = _comm(c)
-    send = np.concatenate(chunks) if c.rank == root else None
-    c.wait_request(comm.Iscatter(send, out, root=root))
+    send = _whole(chunks, out.dtype) if c.rank == root else None
+    comm.Scatter(send, out, root=root)
     _charge(c, "scatter", out.nbytes, out.nbytes * c.size)
 
 
 @_native("gather")
 def gather(c, inp: np.ndarray, chunks, root: int) -> None:
     comm = _comm(c)
-    recv = np.empty(inp.size * c.size, inp.dtype) if c.rank == root else None
-    c.wait_request(comm.Igather(inp, recv, root=root))
+    recv = None
     if c.rank == root:
+        whole = getattr(chunks, "whole", None)
+        direct = whole is not None and chunks.starts[-1] == whole.size and whole.flags.c_contiguous
+        recv = whole if direct else np.empty(inp.size * c.size, inp.dtype)
+    comm.Gather(inp, recv, root=root)
+    if c.rank == root and recv is not getattr(chunks, "whole", None):
         for i, part in enumerate(np.split(recv, c.size)):
             chunks[i][...] = part
     _charge(c, "gather", inp.nbytes, inp.nbytes * c.size)
@@ -176,17 +231,20 @@ def gather(c, inp: np.ndarray, chunks, root: int) -> None:
 
 @_native("all_gather")
 def all_gather(c, outs: list, inp: np.ndarray) -> None:
-    recv = np.empty(inp.size * c.size, inp.dtype)
-    c.wait_request(_comm(c).Iallgather(inp, recv))
-    for i, part in enumerate(np.split(recv, c.size)):
-        outs[i][...] = part
+    whole = getattr(outs, "whole", None)
+    direct = whole is not None and outs.starts[-1] == whole.size and whole.flags.c_contiguous
+    recv = whole if direct else np.empty(inp.size * c.size, inp.dtype)
+    _comm(c).Allgather(inp, recv)
+    if not direct:
+        for i, part in enumerate(np.split(recv, c.size)):
+            outs[i][...] = part
     _charge(c, "all_gather", inp.nbytes, inp.nbytes * c.size)
 
 
 @_native("reduce_scatter")
 def reduce_scatter(c, out: np.ndarray, ins: list, op: ReduceOp) -> None:
-    send = np.concatenate(ins)
-    c.wait_request(_comm(c).Ireduce_scatter_block(send, out, op=_OPS[op]))
+    send = _whole(ins, out.dtype)
+    _comm(c).Reduce_scatter_block(send, out, op=_OPS[op])
     _charge(c, "reduce_scatter", out.nbytes, out.nbytes * c.size)
 
 
@@ -195,24 +253,36 @@ def all_to_all(c, outs: list, ins: list) -> None:
     from mpi4py.util.dtlib import from_numpy_dtype
 
     dtype = ins[0].dtype
-    mtype = from_numpy_dtype(dtype)
-    send = np.concatenate(ins) if ins else np.empty(0, dtype)
-    recv = np.empty(sum(o.size for o in outs), dtype)
+    send = _whole(ins, dtype)
+    oall = getattr(outs, "whole", None)
+    direct = oall is not None and outs.starts[-1] == oall.size and oall.flags.c_contiguous
+    recv = oall if direct else np.empty(sum(o.size for o in outs), dtype)
     scounts = [a.size for a in ins]
     rcounts = [o.size for o in outs]
-    sdispl = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(int).tolist()
-    rdispl = np.concatenate([[0], np.cumsum(rcounts)[:-1]]).astype(int).tolist()
-    comm = _comm(c)
-    _agree_counts(c, comm, scounts, rcounts, dtype.itemsize, dtype)
-    c.wait_request(comm.Ialltoallv([send, (scounts, sdispl), mtype], [recv, (rcounts, rdispl), mtype]))
-    for o, a, n in zip(outs, rdispl, rcounts):
-        o[...] = recv[a : a + n]
+    comm = _comm(c, check=False)
+    even = scounts[0] if len(set(scounts)) == 1 and scounts == rcounts else 0
+    if c.size > 1:  # alike on every rank: whether all of them agree on the call and on its even block size
+        even = even if _agree(c, comm, even + 1 if even else 0) else 0
+        if not even:
+            _agree_counts(c, comm, scounts, rcounts, dtype.itemsize, dtype)
+    if even:
+        comm.Alltoall(send, recv)  # even blocks, the same on every rank: MPI's all-to-all, no count vectors
+    else:
+        mtype = from_numpy_dtype(dtype)
+        sdispl = np.concatenate([[0], np.cumsum(scounts)[:-1]]).astype(int).tolist()
+        rdispl = np.concatenate([[0], np.cumsum(rcounts)[:-1]]).astype(int).tolist()
+        comm.Alltoallv([send, (scounts, sdispl), mtype], [recv, (rcounts, rdispl), mtype])
+    if not direct:
+        a = 0
+        for o in outs:
+            o[...] = recv[a : a + o.size]
+            a += o.size
     _charge(c, "all_to_all", max(scounts, default=0) * dtype.itemsize, send.nbytes)
 
 
 @_native("barrier")
 def barrier(c) -> None:
-    c.wait_request(_comm(c).Ibarrier())
+    _comm(c)  # the agreement check is an all-reduce every rank must join: a barrier already
     if c.size > 1:
         link = c.cluster.intra_link if len({c.node(i) for i in range(c.size)}) == 1 else c.cluster.inter_link
         c.advance((c.size - 1).bit_length() * link.alpha)  # a dissemination barrier: ceil(log2 p) rounds of alpha

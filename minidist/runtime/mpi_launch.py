@@ -2,14 +2,17 @@
 
 The function and its arguments travel by value (``pickling.py``, as under spawn) in a file of a private
 folder; ``mpiexec -n world_size python -m minidist.runtime.mpi_worker FOLDER`` runs them, one MPI process
-per rank; each rank leaves its report (value, simulated time, ledger, trace, output) in the folder, and
-the result is the same ``LaunchResult`` the simulator returns. The simulated clocks keep running: every
-message is charged on the modelled cluster exactly as in shared memory, whatever the real network did;
+per rank (each through a shell line that records how its process ended, ``RANK_WRAPPER``); each rank leaves
+its report (value, simulated time, ledger, trace, output) in the folder, and the result is the same
+``LaunchResult`` the simulator returns. The simulated clocks keep running: every message is charged on the
+modelled cluster exactly as in shared memory, whatever the real network did;
 the wall time of the real run is in ``LaunchResult.wall``.
 
 No hangs and no leftovers: ranks time out inside a wait like simulated ones, a rank that raises aborts
 the MPI job, the launcher stops the job (mpiexec, its proxy and every rank) when a rank overstays ``timeout`` after
-the first returned, past ``deadline``, or on Ctrl-C, and the folder is removed whatever happens.
+the first returned or failed, past ``deadline``, when mpiexec itself stays stopped (SIGSTOP) past ``timeout``, or on
+Ctrl-C, and the folder is removed whatever happens. A rank that dies without reporting is named, with its exit code
+or signal, and the others as stopped after it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,16 @@ from pathlib import Path
 from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import pickling
-from minidist.runtime.errors import proc_stat
+from minidist.runtime.errors import exit_text, proc_stat
 from minidist.runtime.live import LiveView
 
 POLL = 0.02  # seconds between looks at the ranks' files
+# mpiexec starts each rank through this shell line: it runs the rank, then records how its process ended ($?: the
+# exit code, or 128 + N for signal N) in FOLDER/<rank>.exit, so that a rank that dies without reporting (os._exit, a
+# signal, a crash in C) is named with how it ended, not only as one of the ranks mpiexec took down with it. A rank
+# that mpiexec kills takes its shell along (they share a process group), so it records nothing.
+RANK_WRAPPER = ('"$@"; s=$?; f="$MINIDIST_MPI_FOLDER/${PMI_RANK:-$OMPI_COMM_WORLD_RANK}.exit"; '
+                '[ -e "$MINIDIST_MPI_FOLDER/payload" ] && echo "$s" > "$f.tmp" && mv "$f.tmp" "$f"; exit "$s"')
 # What MPI libraries name their node-local shared memory: MPICH, the UCX it may run on (a 64 KB segment left once
 # in about 400 interrupted launches here), Open MPI's vader/sm transports.
 MPI_SEGMENT_PREFIXES = ("/dev/shm/mpich_shm_", "/dev/shm/ucx_shm_posix_", "/dev/shm/vader_segment",
@@ -96,6 +105,19 @@ class _Job:
                     with open(path, "rb") as f:
                         self.reports[r] = pickling.loads_report(f.read())
                     self.order.append(r)
+
+
+def rank_exits(folder: str) -> dict[int, tuple[int, int]]:
+    """{rank: (when, exit code as Popen gives it: negative for a signal)} of the ranks whose wrapper recorded an end,
+    ``when`` the record's modification time in nanoseconds (the first to die has the smallest)."""
+    found = {}
+    for f in Path(folder).glob("*.exit"):
+        try:
+            code = int(f.read_text().strip())
+            found[int(f.name.split(".")[0])] = (f.stat().st_mtime_ns, -(code - 128) if code > 128 else code)
+        except (OSError, ValueError):
+            pass
+    return found
 
 
 def _stop(proc: subprocess.Popen, folder: str, grace: float = 3.0) -> None:
@@ -259,8 +281,9 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
         live = LiveView(world_size, quiet)
         job = _Job(world_size, folder, live)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   MINIDIST_MPI_LAUNCHER=str(os.getpid()))
-        cmd = [mpiexec_path(), "-n", str(world_size), sys.executable, "-m", "minidist.runtime.mpi_worker", folder]
+                   MINIDIST_MPI_LAUNCHER=str(os.getpid()), MINIDIST_MPI_FOLDER=folder)
+        cmd = [mpiexec_path(), "-n", str(world_size), "/bin/sh", "-c", RANK_WRAPPER, "minidist-rank", sys.executable,
+               "-m", "minidist.runtime.mpi_worker", folder]
         t0 = time.monotonic()
         with open(os.path.join(folder, "payload"), "wb") as f:
             f.write(payload)
@@ -268,23 +291,31 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         log.close()
-        first_done = None
+        first_done = stopped_since = None
         overstayed = None
         while proc.poll() is None:
             time.sleep(POLL)
             job.look()
             now = time.monotonic()
-            oks = [r for r, rep in job.reports.items() if rep[0] == "ok"]
-            if oks and first_done is None:
+            if job.reports and first_done is None:
                 first_done = now
+            # mpiexec stopped (SIGSTOP, Ctrl-Z, a debugger) cannot start, abort or end the job: past the timeout the
+            # launcher stops it rather than wait for it forever
+            stopped_since = (stopped_since or now) if _state(proc.pid) in ("T", "t") else None
             if deadline is not None and now - t0 > deadline:
                 overstayed = f"the launch's deadline of {deadline:g} s"
+            elif stopped_since is not None and now - stopped_since > timeout:
+                overstayed = (f"{timeout:g} s (the timeout) with mpiexec (pid {proc.pid}) stopped (SIGSTOP, Ctrl-Z or "
+                              f"a debugger)")
             elif first_done is not None and now - first_done > timeout:
-                overstayed = f"{timeout:g} s (the timeout) after rank {min(oks)} returned"
+                r = job.order[0]
+                how = "returned" if job.reports[r][0] == "ok" else "failed"
+                overstayed = f"{timeout:g} s (the timeout) after rank {r} {how}"
             if overstayed:
                 break
         _stop(proc, folder)
         job.look()
+        exits = rank_exits(folder)
         wall = time.monotonic() - t0
     except BaseException:
         if proc is not None:
@@ -310,6 +341,17 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
         res.wall = wall
         return res
     order = [r for r in job.order if r in errors]
+    dead = sorted((exits[r][0], r) for r in missing if r in exits and exits[r][1] != 0)
+    if dead and not errors and not overstayed:  # the first rank whose process ended without reporting caused it
+        first = dead[0][1]
+        code = exits[first][1]
+        errors[first] = ("RankDied", f"rank {first} exited without reporting ({exit_text(code)})", "", None)
+        order.append(first)
+        missing.remove(first)
+        for r in missing:
+            errors[r] = ("Terminated", f"stopped with the MPI job after rank {first} died "
+                         f"({exit_text(code, cause=False)})", "", None)
+            order.append(r)
     for r in missing:
         if overstayed:
             errors[r] = ("DeadlineExceeded", f"rank {r} ran past {overstayed} and was stopped", "", None)

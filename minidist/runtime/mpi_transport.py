@@ -6,7 +6,8 @@ minidist's own algorithms are the code that crosses the network.
 
 A message is two MPI messages between the same pair of ranks on a private duplicate of COMM_WORLD: its
 header (``shm.HEADER``: minidist tag, size, dtype, shape, simulated start and arrival, the call's signature)
-on MPI tag 0, then its bytes on MPI tag 1. MPI keeps messages of one pair and one MPI tag in order, and the
+on MPI tag 0, then its bytes on MPI tag 1; a small one (``INLINE`` bytes at most) is one, its bytes after
+its header. MPI keeps messages of one pair and one MPI tag in order, and the
 receiver posts its payload receives in the order the headers came, so every payload lands where its header
 said. Matching on minidist's tag happens here, as in ``transport.py``: a receive takes the first message
 with its tag; a message nobody asked for yet is set aside (its bytes received into a private buffer) until
@@ -33,8 +34,10 @@ from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedE
 from minidist.runtime.shm import HEADER, SIG_MAX
 from minidist.runtime.transport import oversubscribed, spin_seconds, unreceived, wire_signature
 
+_BYTE = None  # MPI.BYTE, set when the first transport is made (mpi4py is optional)
 HDR_TAG, DATA_TAG, FIN_TAG = 0, 1, 2  # FIN: an empty message each rank sends every peer once it has finished
-HDR_BYTES = HEADER.size + SIG_MAX
+INLINE = 4096  # a message of at most this many bytes travels inside its header's MPI message: one message, not two
+HDR_BYTES = HEADER.size + SIG_MAX + INLINE
 SPIN = 2e-3  # seconds a wait polls before napping (yielding the core at each look when ranks outnumber cores)
 NAP_MAX = 200e-6  # MPI moves a message (and a collective's schedule) only while it is polled
 LOOK = 0.05  # seconds between looks for a peer's FIN while a wait is stuck
@@ -114,6 +117,10 @@ class MPITransport:
     rendezvous_bytes = 1 << 62  # no in-place reads across machines: algorithms take their small-message path
 
     def __init__(self, comm, clock, timeout: float) -> None:
+        global _BYTE
+        from mpi4py import MPI  # optional: imported only by a rank that runs under MPI
+
+        _BYTE = MPI.BYTE
         self.comm = comm.Dup()  # our messages never meet the user's own MPI calls
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
         self.clock, self.timeout = clock, timeout
@@ -140,14 +147,18 @@ class MPITransport:
         start, end = self.clock.message(dst, n, ready)
         wsig = wire_signature(sig)
         shape = arr.shape[:8]
-        hdr = bytearray(HEADER.size + len(wsig))
+        inline = n <= INLINE
+        at = HEADER.size + len(wsig)
+        hdr = bytearray(at + n if inline else at)
         HEADER.pack_into(hdr, 0, tag, n, start, end, 0, len(arr.shape), *shape, *(0,) * (8 - len(shape)),
                          arr.dtype.str.encode(), len(wsig), 0)
-        hdr[HEADER.size:] = wsig
-        reqs = [self.comm.Isend([hdr, len(hdr), _BYTE()], dst, HDR_TAG)]
+        hdr[HEADER.size : at] = wsig
         payload = arr.reshape(-1).view(np.uint8) if n else None
-        if n:
-            reqs.append(self.comm.Isend([payload, n, _BYTE()], dst, DATA_TAG))
+        if inline and n:
+            np.frombuffer(hdr, np.uint8, n, at)[:] = payload
+        reqs = [self.comm.Isend([hdr, len(hdr), _BYTE], dst, HDR_TAG)]
+        if not inline:
+            reqs.append(self.comm.Isend([payload, n, _BYTE], dst, DATA_TAG))
         op = _Send(dst, tag, name, reqs, (hdr, payload), start, end)
         self.sends.append(op)
         return op
@@ -210,6 +221,21 @@ class MPITransport:
         sig = bytes(buf[HEADER.size : HEADER.size + siglen])
         q = self.recv_q.get(src, [])
         op = next((o for o in q if o.tag == tag), None)
+        if 0 < n <= INLINE:  # its bytes came with it
+            at = HEADER.size + siglen
+            data = np.frombuffer(buf, np.uint8, n, at)
+            if op is not None:
+                q.remove(op)
+                if not q:
+                    del self.recv_q[src]
+                problem = self._check(op, hdr, sig)
+                if problem:
+                    self._fail(op, problem)
+                else:
+                    self._deliver(op, hdr, data)
+            else:
+                self.stash.setdefault(src, []).append(_Incoming(hdr, sig, data, None, None))
+            return
         discard = False
         if op is not None:
             q.remove(op)
@@ -223,11 +249,11 @@ class MPITransport:
                 self._deliver(op, hdr, None)
                 return
             elif op.ufunc is None:  # straight into the receive's buffer
-                req = self.comm.Irecv([op.flat.view(np.uint8), n, _BYTE()], src, DATA_TAG)
+                req = self.comm.Irecv([op.flat.view(np.uint8), n, _BYTE], src, DATA_TAG)
                 self.incoming.append(_Incoming(hdr, sig, None, req, op))
                 return
         data = np.empty(n, np.uint8)
-        req = self.comm.Irecv([data, n, _BYTE()], src, DATA_TAG) if n else None
+        req = self.comm.Irecv([data, n, _BYTE], src, DATA_TAG) if n else None
         m = _Incoming(hdr, sig, data, req, op)
         if op is None and not discard:
             self.stash.setdefault(src, []).append(m)
@@ -243,7 +269,7 @@ class MPITransport:
             posted = self.hdr_req.get(src)
             if posted is None:
                 buf = bytearray(HDR_BYTES)
-                posted = self.hdr_req[src] = (self.comm.Irecv([buf, HDR_BYTES, _BYTE()], src, HDR_TAG), buf)
+                posted = self.hdr_req[src] = (self.comm.Irecv([buf, HDR_BYTES, _BYTE], src, HDR_TAG), buf)
             if not posted[0].Test():
                 break
             del self.hdr_req[src]
@@ -338,7 +364,7 @@ class MPITransport:
         """Tell every peer this rank has finished (empty messages, complete without their receivers)."""
         for r in range(self.world):
             if r != self.rank:
-                self.fin_sends.append(self.comm.Isend([b"", 0, _BYTE()], r, FIN_TAG))
+                self.fin_sends.append(self.comm.Isend([b"", 0, _BYTE], r, FIN_TAG))
 
     def wait_times(self, ops, meanwhile=None) -> bool:
         """Here a receive's header and bytes come together (an ``irecv``'s ``held`` changes nothing): wait for
@@ -383,8 +409,29 @@ class MPITransport:
     def ring_all(self) -> None:
         pass
 
+    def spin_native(self, req) -> bool:
+        """Poll a request of MPI's own collective back to back for the spin time (as MPI's blocking call polls; its
+        schedule advances only while polled); whether it completed. Not when ranks outnumber cores: a peer on
+        this core must run, so ``wait_native`` yields at each look instead."""
+        test = req.Test
+        if test():
+            return True
+        if self.spin and not self.yield_while_spinning:
+            end = time.monotonic() + self.spin
+            while True:
+                for _ in range(32):
+                    if test():
+                        return True
+                if time.monotonic() > end:
+                    return False
+                if self.sends or self.incoming:
+                    self.progress()
+        return False
+
     def wait_native(self, req, name: str) -> None:
-        self.wait([_NativeOp(req, name)], yielding=True)
+        """Wait for a request of MPI's own collective (``spin_native`` first), with the timeout of any wait."""
+        if not self.spin_native(req):
+            self.wait([_NativeOp(req, name)], yielding=True)
 
     def group_comm(self, ranks: tuple):
         """The MPI communicator of a process group (made by its members on first use, then kept)."""
@@ -394,9 +441,3 @@ class MPITransport:
             c = self.native[ranks] = self.comm.Create_group(grp)
             grp.Free()
         return c
-
-
-def _BYTE():
-    from mpi4py import MPI  # optional: imported only by a rank that runs under MPI
-
-    return MPI.BYTE
