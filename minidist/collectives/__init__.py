@@ -53,6 +53,11 @@ The functions and what they receive (arrays are C-contiguous; ``root`` is a grou
 * ``c.wait(*handles)`` blocks until they complete and moves the cursor ``c.now`` to the latest
   completion. ``c.send``, ``c.recv`` and ``c.sendrecv(sendbuf, dst, recvbuf, src, tag=0, op=None)``
   are the blocking forms (``sendrecv`` runs both at once: one step of a ring);
+* ``c.exchange(sends, recvs=(), chain=False)`` sends every ``(buf, peer)`` of ``sends`` and receives every
+  ``(buf, peer)`` of ``recvs`` at once (no ``op``): the times of an ``isend``/``irecv`` each and one ``wait``,
+  or with ``chain`` of one ``send`` after another; small messages are posted together and what has arrived
+  is read in one pass, so a step that talks to many peers costs little more than one message each
+  (``direct.py`` uses it);
 * ``c.wait_times(*handles, meanwhile=None)`` moves the cursor as ``wait`` would but needs only each
   message's simulated times (a receive's come with its header), not its bytes; with
   ``irecv(..., held=True)`` a receive takes its bytes only after that, so a rank offers its next

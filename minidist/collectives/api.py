@@ -174,16 +174,22 @@ def _run(coll: str, name: str, group, algorithm, nbytes: int, detail, async_op: 
     if ctx is None or ctx.destroyed:
         ctx = current("md.dist." + name)  # only to say what is missing
     key = (coll, name, group, algorithm, nbytes, detail)
-    try:
-        plan = ctx.plans.get(key)
-    except TypeError:  # an unhashable group: _plan's checks name it
-        plan = key = None
+    last = ctx.last_plan
+    if last is not None and last[0] == key:  # the same call again: compared, not hashed (a dtype hashes slowly)
+        plan = last[1]
+    else:
+        try:
+            plan = ctx.plans.get(key)
+        except TypeError:  # an unhashable group: _plan's checks name it
+            plan = key = None
     if plan is None or plan.cluster is not ctx.cluster:
         plan = _plan(ctx, key, coll, name, group, algorithm, nbytes, detail)
         if plan is None:  # torch.distributed's rule: a rank outside the group returns at once
             warnings.warn(f"md.dist.{name}: rank {ctx.rank} is not a member of {group}, so the call does nothing "
                           f"on it (as in torch.distributed)", stacklevel=3)
             return None
+    if key is not None:
+        ctx.last_plan = (key, plan)
     tp, clock = ctx.transport, ctx.clock
     start = clock.begin_comm()
     c = plan.comm
@@ -438,15 +444,15 @@ def _reduce_scatter(name: str, out: np.ndarray, scratch: np.ndarray, op: ReduceO
                 async_op, (flat, pieces(scratch, (out.size,) * p), _base(op)), after, (output,))
 
 
-def _splits(splits, rows: int, p: int, name: str, what: str) -> list[int]:
+def _splits(splits, rows: int, p: int, name: str, what: str) -> tuple[int, ...]:
     if splits is None or (isinstance(splits, (list, tuple)) and not splits):  # torch: None or empty, equal rows
         if rows % p:
             raise ValueError(f"all_to_all_single: {what} has {rows} rows along dim 0, not divisible by {p} ranks; "
                              f"pass {name}")
-        return [rows // p] * p
-    splits = [int(s) for s in splits]
+        return (rows // p,) * p  # a tuple: pieces() remembers the offsets of a tuple of sizes
+    splits = tuple(int(s) for s in splits)
     if len(splits) != p or any(s < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError(f"all_to_all_single: {name}={splits} must be {p} non-negative sizes summing to the "
+        raise ValueError(f"all_to_all_single: {name}={list(splits)} must be {p} non-negative sizes summing to the "
                          f"{rows} rows of {what}")
     return splits
 
@@ -471,8 +477,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     row = math.prod(inp.shape[1:])
     src = _contiguous(inp)
     flat, back = _flat(out)
-    ins = pieces(src, ins_sz if row == 1 else [s * row for s in ins_sz])
-    outs = pieces(flat, outs_sz if row == 1 else [s * row for s in outs_sz])
+    ins = pieces(src, ins_sz if row == 1 else tuple(s * row for s in ins_sz))
+    outs = pieces(flat, outs_sz if row == 1 else tuple(s * row for s in outs_sz))
     return _run("all_to_all", "all_to_all_single", group, algorithm, row * inp.itemsize,
                 (_rows, inp.shape[1:], inp.dtype), async_op,
                 (outs, ins), back, (output,))

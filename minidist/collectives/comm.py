@@ -9,6 +9,7 @@ one message time, and the simulated time of the whole collective *emerges* from 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, islice
 
 import numpy as np
 
@@ -29,14 +30,19 @@ class Pieces(list):
 
 def pieces(flat: np.ndarray, sizes: Sequence[int]) -> Pieces:
     """Consecutive views of flat ``flat`` with the given sizes (np.split spends microseconds on small arrays)."""
-    out, starts, a = Pieces(), [0], 0
-    for n in sizes:  # a plain loop: small collectives make these on every call, and it is the cheapest way
-        b = a + n
-        out.append(flat[a:b])
-        starts.append(b)
-        a = b
+    starts = _STARTS.get(sizes) if type(sizes) is tuple else None
+    if starts is None:
+        starts = [0, *accumulate(sizes)]
+        if type(sizes) is tuple:
+            if len(_STARTS) > 1024:
+                _STARTS.clear()
+            _STARTS[sizes] = starts
+    out = Pieces([flat[a:b] for a, b in zip(starts, islice(starts, 1, None))])
     out.whole, out.starts = flat, starts
     return out
+
+
+_STARTS: dict[tuple, list] = {}  # piece sizes -> their offsets (small collectives cut alike call after call)
 
 
 class _Cursor:
@@ -152,6 +158,40 @@ class Comm:
                     ufunc(recvbuf, into, out=recvbuf)
             t = s.end if s.end > r.end else r.end
         if t > t0:
+            self._cursor.t = t
+
+    def exchange(self, sends: Sequence[tuple[np.ndarray, int]], recvs: Sequence[tuple[np.ndarray, int]] = (),
+                 chain: bool = False) -> None:
+        """Send every ``(buf, peer)`` of ``sends`` and receive every ``(buf, peer)`` of ``recvs``, all at once.
+
+        The sends start together at the cursor, each on its own link; with ``chain`` each starts when the one
+        before it has arrived (a rank serving its peers one after another). The receives are posted at the
+        cursor and taken in whatever order they arrive; the cursor moves to the latest completion. The same
+        times as ``isend``/``irecv`` of each and one ``wait`` (``send`` after ``send``, with ``chain``), for a
+        fraction of the work: small messages are posted together and what has arrived is read in one pass.
+        A peer appears at most once in each list, and never this rank itself.
+        """
+        tp, t0, tag = self._tp, self._cursor.t, self._tag_base
+        ranks = self.ranks
+        fast = getattr(tp, "exchange_small", None)
+        t = None if fast is None else fast([(b, ranks[i]) for b, i in sends], [(b, ranks[i]) for b, i in recvs],
+                                           tag, t0, self._sig, self.name, chain)
+        if t is None:  # large messages, other messages in flight, or another backend: one by one
+            hs, t = [], t0
+            for b, i in sends:
+                h = tp.isend(b, ranks[i], tag, t if chain else t0, self._sig, self.name, True)
+                if chain:
+                    tp.wait([h])
+                    t = h.end if h.end > t else t
+                else:
+                    hs.append(h)
+            hs += [tp.irecv(b, ranks[i], tag, t0, None, self._sig, self.name) for b, i in recvs]
+            if hs:
+                tp.wait(hs)
+            for h in hs:
+                if h.end > t:
+                    t = h.end
+        if t > self._cursor.t:
             self._cursor.t = t
 
     def sendrecv_during(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int, local) -> None:

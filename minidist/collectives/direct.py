@@ -22,9 +22,8 @@ def _others(c: Comm, root: int):
 
 @register("broadcast", "direct")
 def broadcast(c: Comm, buf: np.ndarray, root: int) -> None:
-    if c.rank == root:
-        for i in _others(c, root):
-            c.send(buf, i)
+    if c.rank == root:  # one peer after another: each send starts when the one before it has arrived
+        c.exchange([(buf, i) for i in _others(c, root)], chain=True)
     else:
         c.recv(buf, root)
 
@@ -47,8 +46,7 @@ def all_reduce(c: Comm, buf: np.ndarray, op: ReduceOp) -> None:
 @register("scatter", "direct")
 def scatter(c: Comm, out: np.ndarray, chunks, root: int) -> None:
     if c.rank == root:
-        for i in _others(c, root):
-            c.send(chunks[i], i)
+        c.exchange([(chunks[i], i) for i in _others(c, root)], chain=True)
         out[...] = chunks[root]
     else:
         c.recv(out, root)
@@ -56,9 +54,8 @@ def scatter(c: Comm, out: np.ndarray, chunks, root: int) -> None:
 
 @register("gather", "direct")
 def gather(c: Comm, inp: np.ndarray, chunks, root: int) -> None:
-    if c.rank == root:
-        for i in _others(c, root):
-            c.recv(chunks[i], i)
+    if c.rank == root:  # the peers' links work at once: the root takes each piece as it comes
+        c.exchange([], [(chunks[i], i) for i in _others(c, root)])
         chunks[root][...] = inp
     else:
         c.send(inp, root)
@@ -80,11 +77,10 @@ def reduce_scatter(c: Comm, out: np.ndarray, ins: list, op: ReduceOp) -> None:
 
 @register("all_to_all", "direct")
 def all_to_all(c: Comm, outs: list, ins: list) -> None:
-    # no root here: every rank posts all its sends, then all its receives (offered first: see Comm.sendrecv)
-    handles = [c.isend(ins[i], i) for i in range(c.size) if i != c.rank]
-    handles += [c.irecv(outs[i], i) for i in range(c.size) if i != c.rank]
+    # no root here: every rank posts all its sends, then takes its receives as they come
+    others = [i for i in range(c.size) if i != c.rank]
     outs[c.rank][...] = ins[c.rank]
-    c.wait(*handles)
+    c.exchange([(ins[i], i) for i in others], [(outs[i], i) for i in others])
 
 
 _EMPTY = np.zeros(0, np.uint8)
@@ -93,11 +89,9 @@ _EMPTY = np.zeros(0, np.uint8)
 @register("barrier", "direct")
 def barrier(c: Comm) -> None:
     token = np.zeros(0, np.uint8)
-    if c.rank == 0:
-        for i in range(1, c.size):
-            c.recv(token, i)
-        for i in range(1, c.size):
-            c.send(_EMPTY, i)
+    if c.rank == 0:  # hear from everyone (in whatever order they come), then release them one after another
+        c.exchange([], [(token, i) for i in range(1, c.size)])
+        c.exchange([(_EMPTY, i) for i in range(1, c.size)], chain=True)
     else:
         c.send(_EMPTY, 0)
         c.recv(token, 0)

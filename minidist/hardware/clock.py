@@ -126,7 +126,9 @@ class Clock:
         start = ready if ready > free else free
         arrival = start + route[1] + nbytes / route[2]
         self._link_free[dst] = arrival
-        self.recorder.record("link", route[3], start, arrival, float(nbytes), 0.0)
+        rec = self.recorder  # Recorder.record, inline: every message pays for it
+        if rec.enabled:
+            rec.events.append(("link", route[3], start, arrival, float(nbytes), 0.0))
         return start, arrival
 
     def begin_comm(self) -> float:

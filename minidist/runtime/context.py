@@ -19,6 +19,7 @@ class RankContext:
         self.world = ProcessGroup(range(world_size))
         self.seq: dict[int, int] = {}  # group key -> number of collectives started on it
         self.plans: dict = {}  # what the collectives layer remembers about each distinct call it made
+        self.last_plan: tuple | None = None  # (key, plan) of the latest call: a loop of one call finds it at once
         self.standalone = False  # joined by md.dist.init (MPI), not started by md.launch
         self.destroyed = False  # md.dist.destroy_process_group was called inside md.launch
 

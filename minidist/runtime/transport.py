@@ -19,12 +19,17 @@ collective, the call's signature, which is how ranks catch disagreeing arguments
   (``cma.py``, when the kernel allows it) and then frees the slot, which completes the send. One
   copy instead of two, and no back-and-forth over free slots. Such a send completes only once it
   is read (a collective's small sends complete when written); the simulated times are the same.
+* A collective's small messages skip the queues: a step with one partner each way is ``sendrecv_small``, a
+  step that talks to many peers (``exchange_small``) posts all its sends together and then reads whatever
+  has arrived in one pass over its channels, with one fence per pass. Per message that leaves a header, a
+  copy and a clock entry: the same bytes, headers and times as the queued path.
 
 Waiting is cheap: one pipe per rank is its doorbell (``doorbell.py``). A rank about to sleep
 raises a flag on the channels it waits on and looks once more; whoever changes a flagged channel
 rings the bell, and nobody rings a rank that is busy (a wake-up costs far more than a message).
 Before sleeping a rank polls for a few tens of microseconds (``spin_seconds``), yielding its core at
-every look, so the poll only uses time nobody else on that core wants.
+every look, so the poll only uses time nobody else on that core wants; a look reads the few control words
+that can move what it waits for, and runs a progress pass only when one of them changed.
 Sleeps are timed, so a deadlock turns into a report of who waits for whom.
 """
 
@@ -67,6 +72,7 @@ from minidist.runtime.shm import (
 # 256 KB is where that starts to pay (below it the extra round trip costs more than the copy saved).
 RENDEZVOUS_BYTES = 256 * 1024
 SPIN_US = 50.0  # default poll before sleeping (see spin_seconds)
+NAP_S = 0.01  # a small collective's step naps this long on the doorbell before the general wait takes over
 # a timeout report looks again for this long at ranks it saw running: between two of its waits a waiting rank runs
 # for a moment, and the report must not call it hung for that (the launcher's own deadline allows for it)
 SETTLE_S = 0.25
@@ -260,12 +266,17 @@ _WIRE: dict[bytes, bytes] = {}
 
 
 _HEAD = struct.Struct("<qqddq")  # HEADER's first fields (tag, size, start, arrival, number): all that varies
+_HEAD_SIZE = _HEAD.size
 _RESTS: dict[tuple, bytes] = {}  # (shape, dtype, signature) -> the header's remaining bytes and the signature
+_LAST_REST: list = [(), None, b"", b""]  # (shape, dtype, signature, rest) of the latest _header_rest
 
 
 def _header_rest(shape: tuple, dtype: np.dtype, wsig: bytes) -> bytes:
     """The bytes of a small message's header after ``_HEAD`` (shape, dtype, signature; no address): the same
     from one call to the next, so packed once."""
+    last = _LAST_REST  # the previous message's, compared without hashing (a dtype hashes slowly)
+    if dtype is last[1] and wsig is last[2] and shape == last[0]:
+        return last[3]
     got = _RESTS.get((shape, dtype, wsig))
     if got is None:
         if len(_RESTS) > 4096:
@@ -274,6 +285,7 @@ def _header_rest(shape: tuple, dtype: np.dtype, wsig: bytes) -> bytes:
         full = HEADER.pack(0, 0, 0.0, 0.0, 0, len(shape), *dims, *(0,) * (8 - len(dims)), dtype.str.encode(),
                            len(wsig), 0)
         got = _RESTS[shape, dtype, wsig] = full[_HEAD.size :] + wsig
+    _LAST_REST[:] = shape, dtype, wsig, got
     return got
 
 
@@ -469,29 +481,30 @@ class Transport:
         msg = self.msgs_out[dst]
         self.msgs_out[dst] = msg + 1
         hoff = self.out_slots[dst][head % self.nslots][0]
-        wsig = wire_signature(sig)
+        wsig = sig if len(sig) <= SIG_MAX else wire_signature(sig)
         mv = self.mv
         _HEAD.pack_into(mv, hoff, tag, n, start, end, msg)
-        rest = _header_rest(sbuf.shape, sbuf.dtype, wsig)
-        mv[hoff + _HEAD.size : hoff + _HEAD.size + len(rest)] = rest
+        shape, dtype = sbuf.shape, sbuf.dtype
+        rest = _header_rest(shape, dtype, wsig)
+        mv[hoff + _HEAD_SIZE : hoff + _HEAD_SIZE + len(rest)] = rest
         if n:
             poff = hoff + HDR_BYTES
             mv[poff : poff + n] = _bytes_of(sbuf)
         self.head[dst] = head + 1
         ctrl[C_HEAD] = head + 1
-        fence()  # the counter must be visible before we read the flag, or a sleeper could miss it
+        # the header the expected message carries after _HEAD: ours, when we receive into a buffer like it
+        expect = rest if rbuf is sbuf or (rbuf.shape == shape and rbuf.dtype == dtype) else \
+            _header_rest(rbuf.shape, rbuf.dtype, wsig)
+        done = self._take_small(rbuf, src, tag, ready, expect, ufunc, False)
+        # one fence for both counters: they must be visible before we read the flags, or a sleeper could miss them
+        _FENCE.acquire()
+        _FENCE.release()
         if ctrl[C_RWANT]:
             self.bells[dst].ring()
-        # the header the expected message carries after _HEAD: ours, when we receive into what we sent
-        expect = rest if rbuf is sbuf else _header_rest(rbuf.shape, rbuf.dtype, wsig)
-        done = self._take_small(rbuf, src, tag, ready, expect, ufunc)
-        if done is None and self.spin:  # the peer is usually a few microseconds behind: poll its head word
-            rctrl, tail = self.in_ctrl[src], self.tail[src]
-            until = time.monotonic() + self.spin
-            pause = self.pause
-            while rctrl[C_HEAD] <= tail and time.monotonic() < until:
-                if pause is not None:
-                    pause()
+        if done is not None:
+            if self.in_ctrl[src][C_WANT]:
+                self.bells[src].ring()
+        elif self._await((src,)):  # the peer is usually a few microseconds behind: watch its head word
             done = self._take_small(rbuf, src, tag, ready, expect, ufunc)
         if done is None:  # not there yet, or not what we expect: the general path waits and explains
             op = self.irecv(rbuf, src, tag, ready, ufunc, sig, name)
@@ -499,7 +512,125 @@ class Transport:
             done = op.end
         return end if end > done else done
 
-    def _take_small(self, rbuf: np.ndarray, src: int, tag: int, ready: float, expect: bytes, ufunc) -> float | None:
+    def exchange_small(self, sends, recvs, tag: int, ready: float, sig: bytes, name: str,
+                       chain: bool = False) -> float | None:
+        """Post every send of a step at once, then take every receive as it arrives, in one pass per look.
+
+        ``sends`` and ``recvs`` are lists of (buffer, global rank), each rank at most once in each list. The
+        sends leave at ``ready`` (on their separate links), or, with ``chain``, each when the one before it has
+        arrived (one rank feeding its peers in turn); the receives are posted at ``ready``. The messages are
+        written straight into free slots and taken straight from them, as in ``sendrecv_small``, with one
+        fence for all the counters of a pass: the per-message work is a header, a copy, a clock entry. The
+        same bytes, headers, order and simulated times as posting ``isend``/``irecv`` one by one. Returns the
+        latest completion, or None when the fast path does not apply (then nothing was done): a message
+        above one slot, a channel busy with other messages or full.
+        """
+        if self.send_q or self.recv_q or self.cur_in or self.stash or self.failed:
+            return None
+        sb, nslots, out_ctrl = self.small_bytes, self.nslots, self.out_ctrl
+        for buf, dst in sends:
+            if buf.nbytes > sb or out_ctrl[dst][C_NACK] or self.head[dst] - out_ctrl[dst][C_TAIL] >= nslots:
+                return None
+        for buf, _ in recvs:
+            if buf.nbytes > sb:
+                return None
+        wsig = sig if len(sig) <= SIG_MAX else wire_signature(sig)
+        mv, clock, end, t = self.mv, self.clock, ready, ready
+        for buf, dst in sends:
+            n = buf.nbytes
+            start, arrival = clock.message(dst, n, t)
+            if chain:
+                t = arrival
+            if arrival > end:
+                end = arrival
+            msg = self.msgs_out[dst]
+            self.msgs_out[dst] = msg + 1
+            head = self.head[dst]
+            hoff = self.out_slots[dst][head % nslots][0]
+            _HEAD.pack_into(mv, hoff, tag, n, start, arrival, msg)
+            rest = _header_rest(buf.shape, buf.dtype, wsig)
+            mv[hoff + _HEAD_SIZE : hoff + _HEAD_SIZE + len(rest)] = rest
+            if n:
+                mv[hoff + HDR_BYTES : hoff + HDR_BYTES + n] = _bytes_of(buf)
+            self.head[dst] = head + 1
+            out_ctrl[dst][C_HEAD] = head + 1
+        left = [(buf, src, _header_rest(buf.shape, buf.dtype, wsig)) for buf, src in recvs]
+        rung = False
+        while True:
+            waiting, took = [], []
+            for item in left:
+                got = self._take_small(item[0], item[1], tag, ready, item[2], None, False)
+                if got is None:
+                    waiting.append(item)
+                else:
+                    took.append(item[1])
+                    if got > end:
+                        end = got
+            if not rung or took:  # one fence for every counter this pass moved, then the flags of sleepers
+                fence()
+                if not rung:
+                    rung = True
+                    for _, dst in sends:
+                        if out_ctrl[dst][C_RWANT]:
+                            self.bells[dst].ring()
+                for src in took:
+                    if self.in_ctrl[src][C_WANT]:
+                        self.bells[src].ring()
+            if not waiting:
+                return end
+            left = waiting
+            if took or self._await([item[1] for item in left]):
+                continue
+            break  # not there after the poll, or there but not what we expect: the general path waits and explains
+        ops = [self.irecv(buf, src, tag, ready, None, sig, name) for buf, src, _ in left]
+        self.wait(ops)
+        for op in ops:
+            if op.end > end:
+                end = op.end
+        return end
+
+    def _await(self, srcs) -> bool:
+        """Wait cheaply until a message reaches the channel from one of ``srcs`` (True).
+
+        First a poll of their head words for ``spin_seconds`` (yielding the core at each look), then a nap on
+        the doorbell with those channels flagged, for at most ``NAP_S``: a step's partner that is far behind
+        costs no progress passes, no op objects and no further polls. False when the time is up, when a
+        channel already holds a message (one the fast path did not take: the general path names what is wrong
+        with it) or when the launch is aborting: then the general path waits, watching the peers, with its
+        reports and its deadline.
+        """
+        looks = [(self.in_ctrl[src], self.tail[src]) for src in srcs]
+        for c, tail in looks:
+            if c[C_HEAD] > tail:
+                return False
+        if self.spin:
+            until = time.monotonic() + self.spin
+            pause = self.pause
+            while time.monotonic() < until:
+                if pause is not None:
+                    pause()
+                for c, tail in looks:
+                    if c[C_HEAD] > tail:
+                        return True
+        for c, _ in looks:
+            c[C_RWANT] = 1
+        try:
+            fence()  # the flags must be visible before the last look, or a sender could miss them
+            until = time.monotonic() + NAP_S
+            while True:
+                for c, tail in looks:
+                    if c[C_HEAD] > tail:
+                        return True
+                left = until - time.monotonic()
+                if left <= 0 or self.board.q[0]:
+                    return False
+                self.bell.sleep(left)
+        finally:
+            for c, _ in looks:
+                c[C_RWANT] = 0
+
+    def _take_small(self, rbuf: np.ndarray, src: int, tag: int, ready: float, expect: bytes, ufunc,
+                    ring: bool = True) -> float | None:
         """Take the message at the head of channel ``src`` -> us if it is the one expected: its tag and size,
         and the rest of its header (shape, dtype, no address, signature) byte for byte ``expect``, as
         ``_header_rest`` makes it for ``rbuf``. None leaves it for the general path, which names any mismatch."""
@@ -512,7 +643,7 @@ class Transport:
         hoff = self.in_slots[src][tail % self.nslots][0]
         hdr = _HEAD.unpack_from(self.mv, hoff)
         n = rbuf.nbytes
-        rest = hoff + _HEAD.size
+        rest = hoff + _HEAD_SIZE
         # one comparison of bytes (an mmap slice is bytes) instead of unpacking every field: a third of the time
         if hdr[0] != tag or hdr[1] != n or self.mm[rest : rest + len(expect)] != expect:
             return None
@@ -530,9 +661,10 @@ class Transport:
                 ufunc(flat, typed[: flat.size], out=flat)  # out= by keyword: a fifth faster than by position
         self.tail[src] = tail + 1
         rctrl[C_TAIL] = tail + 1
-        fence()
-        if rctrl[C_WANT]:
-            self.bells[src].ring()
+        if ring:  # (else the caller fences and rings)
+            fence()
+            if rctrl[C_WANT]:
+                self.bells[src].ring()
         arrival = hdr[3]
         return arrival if arrival > ready else ready
 
@@ -742,17 +874,10 @@ class Transport:
         deadline = t0 + timeout
         blocked = described = False
         flags = []
-        if self.spin:  # a short poll before sleeping (yielding the core at each look when ranks outnumber cores)
-            spin_end = t0 + self.spin
-            pause = self.pause
-            while time.monotonic() < spin_end:
-                if pause is not None:
-                    pause()
-                self.progress()
-                if all(op.done for op in ops):
-                    if self.failed:
-                        self._raise_failed(ops)
-                    return
+        if self.spin and self._spin(ops, t0 + self.spin):  # a short poll before sleeping
+            if self.failed:
+                self._raise_failed(ops)
+            return
         suspect = None
         try:
             while True:
@@ -791,6 +916,39 @@ class Transport:
                 for c, w in flags:
                     c[w] = 0
                 self.board.set_state(self.rank, shm.RUNNING)
+
+    def _words(self) -> list:
+        """The control words whose change is the only thing that can move a pending op: the head of each
+        channel a receive waits on, the tail and refusal word of each channel a send waits on."""
+        words = [(self.in_ctrl[s], C_HEAD) for s in self.recv_q]
+        words += [(self.in_ctrl[s], C_HEAD) for s in self.cur_in if s not in self.recv_q]
+        for d in self.send_q:
+            words += [(self.out_ctrl[d], C_TAIL), (self.out_ctrl[d], C_NACK)]
+        return words
+
+    def _spin(self, ops, until: float) -> bool:
+        """Poll until every op in ``ops`` is done (True) or ``until`` passes (False), yielding the core at each
+        look (see spin_seconds). A look reads the few words that can move (``_words``) in one pass; the
+        progress pass over the queues runs only when one of them changed."""
+        pause = self.pause
+        while True:
+            self.progress()
+            for op in ops:
+                if not op.done:
+                    break
+            else:
+                return True
+            if self.failed:
+                return False
+            words = self._words()
+            seen = [c[i] for c, i in words]
+            while True:
+                if time.monotonic() >= until:
+                    return False
+                if pause is not None:
+                    pause()
+                if [c[i] for c, i in words] != seen:
+                    break
 
     def wait_times(self, ops, meanwhile=None) -> bool:
         """Wait until every op's simulated end is known: a send's is from the start, a receive's once its
