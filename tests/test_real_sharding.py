@@ -74,4 +74,6 @@ def test_a_rank_really_allocates_the_sharded_model_state(flavour, kept):
         root = 2 * unit if flavour.get("fsdp") else 0  # FSDP's root unit may stay gathered with one more
         assert abs(resident - kept * dp_resident) <= 0.02 * kept * dp_resident + root, (resident, dp_resident)
         if "fsdp" in flavour or flavour.get("zero_stage") == 3:
-            assert peak - every < dp_peak - dp_all + 3 * unit  # a step adds activations and a few units
+            # a step adds activations and a few units: two gathered (prefetch), up to two gradient buffers being
+            # reduce-scattered and the .grad of the unit whose backward runs (DDP's gradients live in its buckets)
+            assert peak - every < dp_peak - dp_all + 4 * unit

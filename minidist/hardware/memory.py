@@ -2,9 +2,10 @@
 
 Chapter 19's memory equation splits a training step's footprint into parameters, gradients,
 optimizer state and activations (plus buffers for communication and scratch). The ledger keeps
-that split for each rank: strategies ``alloc`` and ``free`` bytes by category, and exceeding the
-simulated HBM capacity raises ``OutOfMemoryError`` with the breakdown, so a learner sees *which*
-term of the equation did not fit.
+that split for each rank: strategies ``alloc`` and ``free`` the bytes of the arrays they hold, by
+category, when they allocate and release them (``minidist.parallel.memory`` says how, and what is
+left out), and exceeding the simulated HBM capacity raises ``OutOfMemoryError`` with the breakdown,
+so a learner sees *which* term of the equation did not fit.
 """
 
 from __future__ import annotations

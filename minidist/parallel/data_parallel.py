@@ -12,7 +12,9 @@ are grouped, in reverse registration order, into buckets of about ``bucket_bytes
 bucket's last gradient is accumulated (a post-accumulate hook) its all-reduce starts
 asynchronously on the comm stream while the backward of earlier layers continues on the compute
 stream. All are waited before the optimizer step. ``no_sync`` (gradient accumulation) skips the
-all-reduce on every micro-batch but the last: gradients simply add up locally in ``.grad``.
+all-reduce on every micro-batch but the last: gradients simply add up locally in ``.grad``. The
+buckets are the gradients' only storage: each parameter's ``.grad`` becomes a view of its slot in
+its bucket as soon as the backward has produced it, so a replica holds its gradients once.
 """
 
 from __future__ import annotations
@@ -64,14 +66,15 @@ class BucketedReducer(Hooks):
         for u, flat in zip(self.units, self.pflats):
             for p, v in zip(u.params, u.views(flat)):
                 p.data = v
-        self.flats = [u.empty() for u in self.units]
+        self.flats: list[np.ndarray | None] = [u.empty() for u in self.units]
         self.sync = True
         self._pending: list[int] = []
         self._works: list = []
         self._launched: list[bool] = []
+        self._slots: dict[tuple[int, int], np.ndarray] = {}  # the bucket views .grad points at
         for ui, u in enumerate(self.units):
-            for p in u.params:
-                p.register_post_accumulate_grad_hook(lambda _p, ui=ui: self._ready(ui))
+            for pi, p in enumerate(u.params):
+                p.register_post_accumulate_grad_hook(lambda p, ui=ui, pi=pi: self._ready(ui, pi, p))
         self.reset()
 
     def reset(self) -> None:
@@ -88,17 +91,38 @@ class BucketedReducer(Hooks):
         finally:
             self.sync = previous
 
-    def _ready(self, ui: int) -> None:
+    def _ready(self, ui: int, pi: int, p) -> None:
+        self._into_bucket(ui, pi, p)
         if not self.sync:
             return
         self._pending[ui] -= 1
         if self._pending[ui] == 0:
             self._launch(ui)
 
+    def _bucket(self, ui: int) -> np.ndarray:
+        """Bucket ``ui``'s gradient buffer, where a parameter's gradient goes once the backward computed it."""
+        return self.flats[ui]
+
+    def _into_bucket(self, ui: int, pi: int, p) -> None:
+        """The gradients live in the buckets, once: a parameter's fresh ``.grad`` is copied into its slot and
+        ``.grad`` becomes a view of the slot (later micro-batches add into it in place), so no second full-size
+        copy of the gradients stays alive beside the buckets (PyTorch's ``gradient_as_bucket_view``)."""
+        if p.grad is None or p.grad is self._slots.get((ui, pi)):
+            return
+        u, flat = self.units[ui], self._bucket(ui)
+        slot = flat[u.offsets[pi]:u.offsets[pi + 1]].reshape(u.shapes[pi])
+        slot[...] = p.grad
+        p.grad = self._slots[ui, pi] = slot
+
     def _launch(self, ui: int) -> None:
-        u = self.units[ui]  # a bucket without a standing buffer (ZeRO-2) gets a transient one here
-        flat = u.flatten([np.zeros(p.data.shape, p.data.dtype, like=p.data) if p.grad is None else p.grad
-                          for p in u.params], self.flats[ui])
+        u = self.units[ui]
+        flat = self._bucket(ui)
+        for pi, (p, slot) in enumerate(zip(u.params, u.views(flat))):
+            if p.grad is None:
+                slot[...] = 0
+            elif p.grad is not self._slots.get((ui, pi)):
+                slot[...] = p.grad
+        flat[u.numel:] = 0
         self._launched[ui] = True
         work = self.collective(u, flat)
         if work is not None:
@@ -130,12 +154,11 @@ class DataParallel(BucketedReducer):
     """DDP: replicated weights, bucketed asynchronous all-reduce of gradients (ZeRO stage 0)."""
 
     def setup(self, ledger, state_bytes: dict) -> None:
-        """Broadcast rank 0's weights to every replica and book the model state on the ledger."""
+        """Broadcast rank 0's weights to every replica and book the buffers it holds: the flat weights and the
+        gradient buckets (the gradients' only storage); the optimizer books its state when it creates it."""
         self.broadcast_weights()
-        n = sum(u.padded for u in self.units)
-        ledger.alloc("params", n * state_bytes["params"])
-        ledger.alloc("grads", n * state_bytes["grads"])  # the buckets are the gradient storage
-        ledger.alloc("optimizer", n * state_bytes["optimizer"])
+        ledger.alloc("params", sum(f.size for f in self.pflats) * state_bytes["params"])
+        ledger.alloc("grads", sum(f.size for f in self.flats) * state_bytes["grads"])
 
     accumulates_locally = True
 

@@ -32,6 +32,12 @@ class FlatOptimizer:
         self.weight_decay, self.momentum = weight_decay, momentum
         self.state: list[dict] = []
 
+    def allocate(self, pieces: list[tuple[np.ndarray, np.ndarray]], ledger, bytes_per_param: float) -> None:
+        """Create the state of ``pieces`` now, as training starts, and book it on ``ledger``: ``bytes_per_param``
+        per element the arrays cover (the moments are the arrays themselves; a master copy rides along)."""
+        self.state = [self._new(p) for p, _ in pieces]
+        ledger.alloc("optimizer", sum(p.size for p, _ in pieces) * bytes_per_param)
+
     def step(self, pieces: list[tuple[np.ndarray, np.ndarray]], skip: frozenset[int] | set[int] = frozenset()) -> None:
         """Update every piece but those whose index is in ``skip`` (they got no gradient this step)."""
         if not self.state:

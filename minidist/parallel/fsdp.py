@@ -130,11 +130,9 @@ class ShardedModel(Hooks):
                 self.shards[ui][...] = u.shard(f)
             self._drop(ui)
             self.gathered[ui] = False
-        shard = sum(u.shard_size for u in self.units)
-        if self.host is None:
-            ledger.alloc("params", shard * state_bytes["params"])
-        ledger.alloc("grads", shard * state_bytes["grads"])
-        ledger.alloc("optimizer", shard * state_bytes["optimizer"])
+        if self.host is None:  # the shards this rank holds; the optimizer books its state when it creates it
+            ledger.alloc("params", sum(s.size for s in self.shards) * state_bytes["params"])
+        ledger.alloc("grads", sum(g.size for g in self.grad_shards) * state_bytes["grads"])
 
     # -- gathering -------------------------------------------------------------------------
     def _point(self, ui: int) -> None:

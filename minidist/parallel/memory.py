@@ -1,12 +1,17 @@
-"""Memory accounting for training on the ledger: model state by formula, activations by measurement
+"""Memory accounting for training on the ledger: model state and activations as a rank really holds them
 (the memory equation, chapter 19; lab 13).
 
-Model state per parameter is a breakdown ``{params, grads, optimizer}`` in bytes, derived from the
-training dtype and the optimizer: float64 AdamW keeps an 8-byte weight, an 8-byte gradient and two
-8-byte moments (m, v), 32 bytes in all, and no separate master copy because the weights already are
-full precision. (Mixed-precision AdamW, 2 + 2 + 12 = 16, is the same breakdown with a 2-byte
-weight and gradient and a 4-byte master copy beside m and v.) ZeRO then divides these terms by the
-data-parallel degree: ``md.estimate.model_state_breakdown(psi, stage, dp, *breakdown)``.
+Bytes per parameter are a breakdown ``{params, grads, optimizer}``, derived from the training dtype and
+the optimizer: float64 AdamW keeps an 8-byte weight, an 8-byte gradient and two 8-byte moments (m, v),
+32 bytes in all, and no separate master copy because the weights already are full precision.
+(Mixed-precision AdamW, 2 + 2 + 12 = 16, is the same breakdown with a 2-byte weight and gradient and a
+4-byte master copy beside m and v.) The strategies book the arrays they hold, element by element at
+these sizes, when they allocate and release them: the flat weights or their shards and the gradient
+buckets or shards and the optimizer's moments at setup (``FlatOptimizer.allocate``),
+ZeRO-2's transient buckets and ZeRO-3's gathered units while they live. The sums are then the memory
+equation, ``md.estimate.model_state_breakdown(psi, stage, dp, *breakdown)``, because the arrays are
+sharded that way, not because it is copied (``measured.measure_held`` checks them against
+tracemalloc). What the ledger does not book is listed in :data:`NOT_BOOKED`.
 
 Activations are not guessed: :func:`graph_bytes` walks the autograd graph a forward pass recorded
 and adds up the arrays that graph keeps alive for the backward, the intermediate tensors and the
@@ -23,6 +28,18 @@ import numpy as np
 from minidist.autograd import Tensor
 
 OPTIMIZER_MOMENTS = {"adamw": 2, "sgd": 1}  # state arrays per parameter (m and v; the momentum buffer)
+
+# What a rank process holds that the ledger leaves out (a real peak exceeds the ledger's by these)
+NOT_BOOKED = (
+    "numpy temporaries of the forward and backward: the gradients flowing between layers and the scratch of "
+    "each op, alive for one op",
+    "a parameter's .grad from the moment the backward computes it until it is copied into its gradient bucket "
+    "(DDP, ZeRO-1: one parameter at a time) or its bucket or unit is complete and flattened (ZeRO-2: the "
+    "bucket still filling; ZeRO-3/FSDP: the unit still in its backward)",
+    "the copies a collective makes (a ZeRO all-gather's copy of the shard) and the optimizer's scratch "
+    "(cache-sized blocks)",
+    "the Python objects around the arrays (the autograd graph's nodes and closures, modules, dicts)",
+)
 
 
 def state_bytes_per_param(dtype="float64", optimizer: str = "adamw") -> dict[str, int]:
@@ -129,3 +146,4 @@ class ActivationLedger:
         for token in list(self._held):
             self.release(token)
         self._logging = False
+
