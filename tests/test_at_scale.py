@@ -107,7 +107,9 @@ def test_llama3_405b_on_16384_simulated_gpus():
     assert measured["step_time"] > 1.3 * sim["step_time"]
     compute = "compute (forward, backward, recomputation)"
     assert measured["terms"][compute] > 1.3 * sim["terms"][compute]
-    assert measured["terms"]["exposed collectives"] == pytest.approx(sim["terms"]["exposed collectives"])
+    # the same collectives exposed, to 1%: the step begins once the last rank has finished its setup, and what an
+    # early rank computed before that (at the device model's speed) is outside the window
+    assert measured["terms"]["exposed collectives"] == pytest.approx(sim["terms"]["exposed collectives"], rel=1e-2)
     # the simulator charges GEMMs at peak: near the estimator's at-peak row, above its calibrated one
     assert 0.8 < sim["step_time"] / at_peak["step_time"] < 1.2
     assert sim["step_time"] < calibrated["step_time"]

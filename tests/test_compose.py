@@ -5,7 +5,8 @@ in {1, 2}^5 (world size <= 8) with each data-parallel flavour (DDP, ZeRO-1, ZeRO
 and each recomputation mode reproduces its losses, gradients and weights after 3 AdamW steps
 (float64, to 1e-10). None is refused: the refusals left in ``md.parallel.train`` are semantic (a
 layout that would compute another objective, listed in ``minidist/parallel/refusals.py``), and the
-grid avoids them (an MoE model trains on whole batches, so its pipelines run one micro-batch).
+grid avoids them. Its MoE layouts run one micro-batch, whose reference is the plain one device; with several the
+reference is one device with as many (tests/test_moe_microbatches.py).
 
 The cases a user found silently wrong are tests of their own below.
 """
@@ -63,8 +64,8 @@ def run_layout(layout: dict) -> list[str]:
     done = []
     for (flavour, extra), recompute in itertools.product(FLAVOURS.items(), RECOMPUTE):
         what = name(layout, flavour, recompute)
-        # a pipeline of dense layers gets two micro-batches; an MoE model trains on whole batches (its
-        # capacity and load-balancing loss are statistics of the batch), a pipeline of one micro-batch
+        # a pipeline of dense layers gets two micro-batches; an MoE model one, so that the plain one device stays
+        # its reference (its capacity and load-balancing loss are statistics of each micro-batch)
         pc = ParallelConfig(**layout, **extra, recompute=recompute, microbatches=1 if cfg is MOE else layout["pp"])
         assert_same_run(md.parallel.train(cfg, pc, steps=3, global_batch=4), reference(cfg), what)
         done.append(what)
@@ -138,8 +139,6 @@ def test_ulysses_with_sequence_parallelism():
 
 
 @pytest.mark.parametrize("model, layout, reason", [
-    ("moe", {"dp": 2, "microbatches": 2}, "statistics of the whole batch"),
-    ("moe", {"pp": 2, "microbatches": 2}, "statistics of the whole batch"),
     ("moe", {"tp": 2, "sequence_parallel": True}, "route only its own tokens"),
     ("moe-capacity", {"cp": 2}, "would depend on the layout"),
     ("dropout", {"dp": 2}, "masks would differ"),
@@ -150,23 +149,19 @@ def test_every_refusal_left_is_one_of_meaning_and_documented(model, layout, reas
     with pytest.raises(ValueError, match=reason):
         md.parallel.train(cfg, ParallelConfig(**layout), steps=1, global_batch=8)
     doc = " ".join(config_module.__doc__.split())
-    topic = {"moe": "microbatches > 1" if "microbatches" in layout else "MoE with sequence parallelism",
+    topic = {"moe": "MoE with sequence parallelism",
              "moe-capacity": "capacity dropping", "dropout": "dropout > 0"}[model]
     assert topic in doc, f"the refusal {reason!r} is not listed in ParallelConfig's documentation"
 
 
 def test_what_is_not_built_yet_says_so_and_is_listed():
     """The pairs refused because they are not built (not for a reason of meaning) say so, and are listed."""
-    bias = md.GPTConfig(**{**MOE.__dict__, "moe_balance": "bias"})
-    cases = [(MOE, ParallelConfig(dp=2, compression=md.parallel.TopK(0.1)), {}, "gradient compression (TopK)"),
-             (DENSE, ParallelConfig(), {"precision": "fp16", "checkpoint_dir": "/tmp/never-written"}, "loss scaling"),
-             (bias, ParallelConfig(), {"checkpoint_dir": "/tmp/never-written"}, "moe_balance='bias'")]
+    cases = [(MOE, ParallelConfig(dp=2, compression=md.parallel.TopK(0.1)), {}, "gradient compression (TopK)")]
     for cfg, pc, kw, what in cases:
         with pytest.raises(ValueError, match=f"{re.escape(what)} .*not built yet"):
             md.parallel.train(cfg, pc, steps=1, global_batch=8, **kw)
     doc = " ".join(config_module.__doc__.split())
-    assert "Not built yet" in doc and all(t in doc for t in ("``compression`` with a mixture-of-experts model",
-                                                              "loss scaling", 'moe_balance="bias"'))
+    assert "Not built yet" in doc and "``compression`` with a mixture-of-experts model" in doc
 
 
 # -- the cases that were silently wrong ------------------------------------------------------
@@ -190,11 +185,6 @@ def test_router_losses_keep_their_gradient_under_recomputation(recompute):
         assert_same_run(got, ref, f"MoE {layout} recompute={recompute}")
         router = [k for k in ref.grads if "router" in k]
         assert router and all(np.abs(ref.grads[k]).max() > 0 for k in router)
-
-
-def test_moe_with_microbatches_is_refused_with_its_reason():
-    with pytest.raises(ValueError, match="statistics of the whole batch"):
-        md.parallel.train(MOE, ParallelConfig(dp=2, microbatches=2), steps=1, global_batch=8)
 
 
 def test_an_expert_no_token_reaches_is_not_updated_on_one_device_or_many():

@@ -104,7 +104,6 @@ def test_cp_step_traffic_contains_the_ring_closed_form():
     (DENSE, ParallelConfig(ep=2), "needs a mixture-of-experts model"),
     (MOE, ParallelConfig(ep=3), "4 experts cannot be split evenly over ep=3"),
     (MOE, ParallelConfig(ep=2, tp=2, sequence_parallel=True), "do not compose with sequence_parallel"),
-    (MOE, ParallelConfig(pp=2, microbatches=2), "statistics of the whole batch"),
     (MOE, ParallelConfig(cp=2), "capacity dropping with cp > 1"),
 ])
 def test_bad_layouts_are_refused(cfg, pc, match):

@@ -64,8 +64,6 @@ def test_bad_precision_arguments_are_named():
         train(CFG, loss_scale=1024.0)
     with pytest.raises(ValueError, match="loss_scale must be None, 'dynamic' or a positive number"):
         train(CFG, precision="fp16", loss_scale=-1.0)
-    with pytest.raises(ValueError, match="loss scaling .* with checkpoints is not built yet"):
-        train(CFG, precision="fp16", checkpoint_dir="/tmp/never-written")
 
 
 def test_the_clock_charges_the_formats_bytes_and_peaks_so_fp8_gains_only_where_products_dominate():

@@ -60,10 +60,16 @@ def test_every_rank_moves_the_biases_alike_and_training_equals_one_device(pc):
     assert max(float(np.abs(got.params[k] - one.params[k]).max()) for k in one.params) < 1e-10
 
 
-def test_checkpoints_are_refused_until_the_biases_are_saved(tmp_path):
+def test_a_run_resumed_from_a_checkpoint_routes_by_the_saved_biases(tmp_path):
+    # (more layouts and a restart after a failure: tests/test_checkpoint_loop_state.py)
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=1, n_heads=2, n_experts=4,
-                       moe_balance="bias")
-    with pytest.raises(ValueError, match="routing biases are not saved"):
-        train(cfg, ParallelConfig(), steps=2, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=1)
+                       aux_loss_coef=0.0, moe_balance="bias", bias_update=0.05)
+    ref = train(cfg, ParallelConfig(), steps=4, global_batch=4)
+    train(cfg, ParallelConfig(), steps=2, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=1)
+    got = train(cfg, ParallelConfig(), steps=4, global_batch=4, checkpoint_dir=tmp_path, resume=True)
+    assert got.losses == ref.losses and all(np.array_equal(got.params[k], ref.params[k]) for k in ref.params)
+
+
+def test_moe_balance_is_checked():
     with pytest.raises(ValueError, match="moe_balance must be one of"):
         md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=1, n_heads=2, n_experts=4, moe_balance="x")

@@ -2,7 +2,8 @@
 
 A plan deals experts to tokens by their index ``sequence x seq_len + position`` in the global batch, so every
 layout routes every token as one device does: each rank reads the global indices of the tokens it holds from its
-batch share (``BatchShare.token_index``; the dp x ep rows and the cp positions, contiguous or zigzag). Numbered per
+batch share (``BatchShare.token_index``; the dp x ep rows and the cp positions, contiguous or zigzag; with
+micro-batches the index in its global micro-batch). Numbered per
 rank instead, dp, cp and ep routed differently from one device (losses off by ~4e-4, weights by ~6e-3).
 """
 
@@ -105,15 +106,28 @@ def test_the_batch_shares_hold_every_token_once_by_its_global_index(parts, cp):
     assert sorted(np.concatenate(held).tolist()) == list(range(BATCH * SEQ))
 
 
-def test_a_share_cut_into_micro_batches_refuses_to_place_a_layer_s_tokens():
-    share = BatchShare(2, 1, 2)
-    with pytest.raises(ValueError, match="MoE planned routing: a layer on batch share 1 of 2 saw 8 tokens, but the "
-                                         "share holds 0 in 2 micro-batch"):
-        share.token_index(8)
-    x = np.zeros((BATCH, SEQ), dtype=np.int64)
-    share.split(x, x)
-    with pytest.raises(ValueError, match="saw 8 tokens, but the share holds 16 in 2 micro-batch"):
-        share.token_index(8)
+@pytest.mark.parametrize("parts,cp", [(2, None), (1, (2, "zigzag"))])
+def test_a_share_cut_into_micro_batches_places_each_token_in_its_global_micro_batch(parts, cp):
+    """With micro-batches (an MoE model's ``by_microbatch`` share), micro-batch j of every rank is its piece of the
+    global micro-batch j, and the selected micro-batch's tokens are numbered within it; a layer seeing another
+    number of tokens than the selected micro-batch holds is refused."""
+    x = np.arange(BATCH * SEQ).reshape(BATCH, SEQ)
+    mbs = 2
+    per = BATCH * SEQ // mbs  # tokens in a global micro-batch
+    held = [[] for _ in range(mbs)]
+    for index in range(parts):
+        for r in range(cp[0] if cp else 1):
+            share = BatchShare(parts, index, mbs, CPGroup(size=cp[0], rank=r, layout=cp[1]) if cp else None, True)
+            xs, _, _ = share.split(x, x)
+            for j in range(mbs):
+                share.select(j)
+                ids, total = share.token_index(xs[j].size)
+                assert total == per and (ids + j * per == xs[j].reshape(-1)).all()
+                held[j].append(ids)
+    assert all(sorted(np.concatenate(h).tolist()) == list(range(per)) for h in held)
+    with pytest.raises(ValueError, match="MoE planned routing: a layer on batch share .* saw 3 tokens, but its "
+                                         "micro-batch 1 holds"):
+        share.token_index(3)
 
 
 def test_one_rank_stands_for_others_only_where_every_run_of_its_tokens_is_dealt_evenly():

@@ -9,7 +9,8 @@ parameters scale with E while FLOPs per token scale with k, which is what expert
 tokens travel to them.
 
 * **Capacity**: an expert accepts at most ``C = ceil(cf * T * k / E)`` assignments per batch of T
-  tokens; the rest are dropped (the token keeps its residual path and the other expert's share).
+  tokens (per micro-batch when a step accumulates several, as Megatron-LM and DeepSeek-V3 do); the rest
+  are dropped (the token keeps its residual path and the other expert's share).
   First choices are served before second choices, and within a choice earlier tokens first, so
   the dropped set does not depend on how tokens are split over devices. ``capacity_factor=None``
   drops nothing.
@@ -25,7 +26,7 @@ tokens travel to them.
   mean number of assignments, down for one that received more (``update_route_bias``). No gradient flows
   through it, so balance costs the model nothing in its loss. (DeepSeek-V3 scores with sigmoids; here the
   router's softmax probabilities take their place.) The loads are the whole batch's, the same on every rank,
-  so every rank moves its biases the same way.
+  so every rank moves its biases the same way; a step of several micro-batches sums theirs (``begin_step``).
 
 ``forward`` stores ``aux_loss`` (both losses times their coefficients; GPT adds it to its loss)
 and ``stats`` (per-expert loads, drops, capacity) for monitoring. How tokens reach the experts
@@ -196,6 +197,7 @@ class MoE(Module):
         self.placement = WholeBatch()  # a parallel layout installs its batch share: planned routes are global
         self.aux_loss = None
         self.stats: dict = {}
+        self.step: dict | None = None  # open (``begin_step``): the loads and kept assignments summed over forwards
 
     def forward(self, x):
         if x.ndim < 2:
@@ -217,7 +219,7 @@ class MoE(Module):
 
         counts = level_counts(experts, E)
         all_counts, me = self.routing.gather_counts(counts)
-        total = int(all_counts[:, 0].sum())  # tokens in the whole batch, over every rank
+        total = int(all_counts[:, 0].sum())  # tokens in the whole (micro-)batch, over every rank
         cap = expert_capacity(total, E, k, self.capacity_factor)
         kept_table = quotas(all_counts, cap)
         keep = keep_mask(experts, kept_table[me])
@@ -246,6 +248,11 @@ class MoE(Module):
         self.stats = {"load": all_counts.sum(axis=(0, 1)), "local_load": counts.sum(axis=0), "capacity": cap,
                       "kept": kept_table.sum(axis=(0, 1)), "dropped": int(N * k - flat_keep.sum()),
                       "routed": per_expert}
+        if self.step is not None:
+            # a checkpointed layer's recomputation counts its micro-batch again: every micro-batch's counts
+            # double alike, so the bias update's signs and the idle experts stay those of the step
+            for key in ("load", "kept"):
+                self.step[key] = self.step.get(key, 0) + self.stats[key]
         return y.reshape(shape)
 
     def extra_repr(self) -> str:
@@ -253,12 +260,29 @@ class MoE(Module):
                 f"shared_expert={self.shared is not None}")
 
 
+def begin_step(model: Module) -> None:
+    """Open a step in every MoE layer of ``model``: until the next ``begin_step`` each layer sums the loads and
+    kept assignments of all its forwards (a step's micro-batches), which ``update_route_bias`` and
+    ``idle_expert_params`` then read. Without it they read the last forward alone (one batch per step)."""
+    for m in model.modules():
+        if isinstance(m, MoE):
+            m.step = {}
+
+
+def step_stats(m: MoE) -> dict:
+    """``{"load", "kept"}`` of ``m``'s step: summed since ``begin_step``, else its last forward's ({} if none).
+    Each micro-batch's counts are its whole global micro-batch's, so every rank holding a share sums the same."""
+    if m.step is not None:
+        return m.step
+    return {k: m.stats[k] for k in ("load", "kept") if k in m.stats}
+
+
 def update_route_bias(model: Module) -> None:
     """After an optimizer step: move each bias-balanced router's biases by ``bias_update`` towards the mean load
-    of its last forward (``b_i += u sign(mean load - load_i)``)."""
+    of its step (``b_i += u sign(mean load - load_i)``; the loads summed over the step's micro-batches)."""
     for m in model.modules():
-        if isinstance(m, MoE) and m.balance == "bias" and "load" in m.stats:
-            load = np.asarray(m.stats["load"], dtype=np.float64)
+        if isinstance(m, MoE) and m.balance == "bias" and "load" in step_stats(m):
+            load = np.asarray(step_stats(m)["load"], dtype=np.float64)
             m.route_bias = m.route_bias + m.bias_update * np.sign(load.mean() - load)
 
 
@@ -269,13 +293,14 @@ def aux_loss(model: Module):
 
 
 def idle_expert_params(model: Module) -> set[str]:
-    """Names of the parameters of every expert that no kept assignment reached in the last forward.
+    """Names of the parameters of every expert that no kept assignment reached in the step (``step_stats``: the
+    last forward, or every micro-batch since ``begin_step``).
 
-    Routing statistics cover the whole batch (under expert parallelism too), so every rank gets the
+    Routing statistics cover the whole (micro-)batch (under expert parallelism too), so every rank gets the
     same answer. Such an expert is not in the graph: its parameters get no gradient, and an optimizer
     leaves them alone (torch's rule for ``grad is None``), whatever the layout.
     """
     prefixes = tuple(f"{path}.experts.{int(e)}." if path else f"experts.{int(e)}."
-                     for path, m in model.named_modules() if isinstance(m, MoE) and "kept" in m.stats
-                     for e in np.flatnonzero(np.asarray(m.stats["kept"]) == 0))
+                     for path, m in model.named_modules() if isinstance(m, MoE) and "kept" in step_stats(m)
+                     for e in np.flatnonzero(np.asarray(step_stats(m)["kept"]) == 0))
     return {name for name, _ in model.named_parameters() if prefixes and name.startswith(prefixes)}

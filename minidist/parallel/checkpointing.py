@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from minidist import dist
-from minidist.parallel.rank_state import MOMENTS, capture, merge, restore
+from minidist.parallel.rank_state import MOMENTS, capture, capture_loop, merge, merge_loop, restore, restore_loop
 from minidist.resilience.failures import Faults
 from minidist.resilience.store import AsyncWriter, commit, committed, read, write_rank
 
@@ -47,8 +47,9 @@ class RankCheckpointer:
     """One rank's checkpoints and faults during one attempt of a run."""
 
     def __init__(self, plan: CheckpointPlan | None, faults: Faults | None, record_dir: str, attempt: int,
-                 kills: list, par, optimizer, mesh, clock, cluster) -> None:
+                 kills: list, par, optimizer, mesh, clock, cluster, scaler=None) -> None:
         self.plan, self.faults, self.record_dir, self.attempt = plan, faults, record_dir, attempt
+        self.scaler = scaler  # the dynamic loss scaler (or None): its state is saved and rolled back too
         self.par, self.opt, self.mesh, self.clock, self.cluster = par, optimizer, mesh, clock, cluster
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.kills = {step for r, step in kills if r == self.rank}
@@ -117,6 +118,7 @@ class RankCheckpointer:
         manifest, ranks = read(self.plan.root, committed(self.plan.root)[-1])
         tp = self.mesh.get_local_rank("tp"), self.mesh.size("tp")
         restore(par.reducer, optimizer, par.model, merge(ranks), par.tp_axes, *tp)
+        restore_loop(par.model, self.scaler, merge_loop([meta for _, meta in ranks]))
         rng.bit_generator.state = manifest["rng"]
         kinds = 1 + len(MOMENTS[optimizer.kind])
         sharing = min(self.world, self.cluster.gpus_per_node)
@@ -147,7 +149,7 @@ class RankCheckpointer:
         self._publish_pending()
         tp = self.mesh.get_local_rank("tp"), self.mesh.size("tp")
         arrays, meta = capture(self.par.reducer, self.opt, self.par.model, self.par.tp_axes, *tp)
-        meta.update(extra)
+        meta.update(extra, **capture_loop(self.par.model, self.scaler, self.par.reducer))
         nbytes = sum(a.nbytes for a in arrays.values())
         self.clock.charge_compute_seconds("checkpoint.copy", nbytes / self.cluster.host_link.beta)
         sharing = min(self.world, self.cluster.gpus_per_node)  # the node's ranks share its storage bandwidth
@@ -216,7 +218,7 @@ class NoCheckpoints:
 @dataclass
 class Attempt:
     """One launch of a resilient run: its checkpoint plan, its faults, and the state it resumes from
-    (``resume``: ``{"step", "full", "rng", "losses", "times"}``, the merged state of a checkpoint)."""
+    (``resume``: ``{"step", "full", "rng", "losses", "times", "loop"}``, the merged state of a checkpoint)."""
 
     plan: CheckpointPlan | None = None
     faults: Faults | None = None
@@ -225,19 +227,21 @@ class Attempt:
     kills: tuple = ()
     resume_from: dict | None = None
 
-    def checkpointer(self, par, optimizer, mesh, clock):
+    def checkpointer(self, par, optimizer, mesh, clock, scaler=None):
         if self.plan is None and self.faults is None:
             return NoCheckpoints()
         return RankCheckpointer(self.plan, self.faults, self.record_dir, self.index, list(self.kills), par, optimizer,
-                                mesh, clock, clock.cluster)
+                                mesh, clock, clock.cluster, scaler)
 
-    def resume(self, par, optimizer, mesh, rng: np.random.Generator, clock) -> int:
-        """Put the checkpoint's state into this rank's layout; return the step to continue from (0: none)."""
+    def resume(self, par, optimizer, mesh, rng: np.random.Generator, clock, scaler=None) -> int:
+        """Put the checkpoint's state into this rank's layout (weights, moments, routing biases, loss scaler);
+        return the step to continue from (0: none)."""
         r = self.resume_from
         if r is None:
             return 0
         tp = mesh.get_local_rank("tp"), mesh.size("tp")
         restore(par.reducer, optimizer, par.model, r["full"], par.tp_axes, *tp)
+        restore_loop(par.model, scaler, r.get("loop"))
         rng.bit_generator.state = r["rng"]
         kinds = 1 + len(MOMENTS[optimizer.kind])  # weights and each moment, the same size
         mine = kinds * sum(p.nbytes for p, _ in par.reducer.pieces())

@@ -26,9 +26,6 @@ dp, tp, pp, cp, ep in {1, 2} with every data-parallel flavour and recomputation 
 with a ValueError before any rank starts, it refuses for a reason of meaning, except the few pairs listed
 at the end as not built yet (``refusals.py`` and ``train`` hold every check):
 
-* a mixture-of-experts model with ``microbatches > 1``: expert capacity and the load-balancing loss
-  are statistics of the whole batch, and per micro-batch they define another objective (so an MoE
-  pipeline runs one micro-batch);
 * capacity dropping (``capacity_factor``) with ``cp > 1``: which tokens are dropped would depend on
   how the positions are dealt out;
 * MoE with sequence parallelism: a sequence shard would route only its own tokens;
@@ -38,6 +35,10 @@ at the end as not built yet (``refusals.py`` and ``train`` hold every check):
   ``n_heads / tp`` query heads over ``cp``,
   experts over ``ep``, layers over ``pp x virtual_stages``, the batch over the ranks and micro-batches.
 
+A mixture-of-experts model's objective is defined per micro-batch, as Megatron-LM and DeepSeek-V3 define it:
+expert capacity, the load-balancing loss and the routing counts are those of each global micro-batch (the same
+sequences in every layout), so with ``microbatches=m`` the reference is one device accumulating m micro-batches.
+
 Two attention variants of chapter 31a are the exception, refused because the parallel code does not
 implement them (rather than compute something else): sliding-window attention (``GPTConfig.window``)
 with ``cp > 1``, since ring and Ulysses attention apply the full causal mask only, and latent attention
@@ -45,9 +46,8 @@ with ``cp > 1``, since ring and Ulysses attention apply the full causal mask onl
 
 Not built yet, and refused as such ("not built yet" in the message): gradient ``compression`` with a
 mixture-of-experts model (the compressors sit on DDP's reducer, MoE reduces expert and dense gradients
-over two groups); loss scaling (``precision="fp16"`` or ``loss_scale``) with checkpoints, and
-``GPTConfig(moe_balance="bias")`` with checkpoints (the loss scale and the routing biases are not saved,
-so a resumed run would not continue the same one).
+over two groups). (Checkpoints save the loss scaler and the routing biases of ``moe_balance="bias"``, so a
+resumed run continues the same one with either.)
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ the micro-batches run one after another and the data-parallel reducer stays quie
 (``no_sync``) when it accumulates locally; with a pipeline (chapter 16) the schedule interleaves the
 stages' forwards and backwards and the reducer runs once the pipeline has flushed. Either way ``run``
 leaves the reduced gradient with the reducer and returns this rank's share of the loss.
+
+An MoE layer's routing statistics are those of the micro-batch it sees: before each micro-batch's forward
+(and a pipeline's backward, which may recompute it) the engine ``select``s it in the rank's batch share,
+and each step opens the sum of routing loads its bias update and idle experts read (``moe.begin_step``).
 """
 
 from __future__ import annotations
@@ -16,18 +20,22 @@ import numpy as np
 
 from minidist import dist
 from minidist.collectives import offered
+from minidist.nn.moe import begin_step
 
 
 class MicroBatches:
     """Gradient accumulation through a :class:`~minidist.parallel.runner.Runner`."""
 
-    def __init__(self, runner, reducer) -> None:
-        self.runner, self.reducer = runner, reducer
+    def __init__(self, runner, reducer, select=None) -> None:
+        self.runner, self.reducer, self.select = runner, reducer, select
 
     def run(self, xs: list[np.ndarray], ys: list[np.ndarray], weights: list[float]) -> float:
         local, quiet_ok = 0.0, self.reducer.accumulates_locally
+        begin_step(self.runner.model)
         for i, (x, y, w) in enumerate(zip(xs, ys, weights)):
             last = i == len(xs) - 1
+            if self.select is not None:
+                self.select(i)
             with self.reducer.no_sync() if (not last and quiet_ok) else nullcontext():
                 loss = self.runner.loss(x, y)
                 self.runner.backward(loss, w)
@@ -50,6 +58,7 @@ class PipelineEngine:
         self.ends, self.algorithm = ends, algorithm
 
     def run(self, xs: list[np.ndarray], ys: list[np.ndarray], weights: list[float]) -> float:
+        begin_step(self.executor.model)
         with self.reducer.no_sync():
             loss = self.executor.run(self.schedule, xs, ys, weights)
         self.reducer.finish()

@@ -19,7 +19,8 @@ combine) and as much again backward, where each all-to-all's adjoint is the reve
 
 The count exchange runs over the ranks whose tokens form one batch (the ``count_group``: the ep
 group, or the dp x ep group when expert parallelism is combined with data parallelism), so tokens
-are dropped exactly as one device holding the whole batch would drop them. Expert gradients are
+are dropped exactly as one device holding the whole batch would drop them (with micro-batches: the global
+micro-batch, each counted when its forward runs). Expert gradients are
 reduced only over the replicas of the same experts (the dp group); every other parameter over
 the dp x ep group.
 """

@@ -60,42 +60,60 @@ def split_sizes(n: int, parts: int) -> list[int]:
 class BatchShare:
     """Which part of every global batch one rank computes on: rows ``index`` of ``parts`` (dp x ep split the
     sequences), then its positions when cp > 1, cut into micro-batches. Each micro-batch's loss weight
-    is its share of the global batch, so the summed gradient is that of the global mean loss. The global index
-    of every token it holds (``token_index``) is where an MoE layer's planned route is read, so a token is
-    routed as on one device whatever the layout."""
+    is its share of the global batch, so the summed gradient is that of the global mean loss.
+
+    ``by_microbatch`` (MoE models): the batch is cut into ``microbatches`` global micro-batches first and each is
+    dealt over the parts, so global micro-batch j is the same set of sequences in every layout, one device's
+    micro-batch j; an MoE layer's routing statistics are those of the micro-batch it sees. Dense models keep the
+    rows first (the same gradient either way). The index of every token held in its global micro-batch
+    (``token_index``, for the micro-batch ``select`` names) is where an MoE layer's planned route is read, so a token
+    is routed as on one device whatever the layout."""
 
     parts: int
     index: int
     microbatches: int
     cp: CPGroup | None = None
-    held: tuple | None = field(default=None, init=False, repr=False)  # (global token indices, global tokens)
+    by_microbatch: bool = False
+    held: list | None = field(default=None, init=False, repr=False)  # per micro-batch: (token indices, tokens)
+    current: int = field(default=0, init=False, repr=False)
 
     def split(self, x: np.ndarray, y: np.ndarray) -> tuple[list, list, list[float]]:
         """This rank's micro-batches of a global batch ``(x, y)``: inputs, targets and loss weights."""
-        total = x.shape[0]
-        rows = split_sizes(total, self.parts)
-        lo = sum(rows[:self.index])
-        x, y = x[lo:lo + rows[self.index]], y[lo:lo + rows[self.index]]
-        T = x.shape[1]
+        total, T = x.shape[0], x.shape[1]
+        cuts = []  # (first row, end row, first row of its global micro-batch, rows of that micro-batch)
+        if self.by_microbatch:
+            bounds = np.cumsum([0] + split_sizes(total, self.microbatches))
+            for a, b in zip(bounds, bounds[1:]):
+                rows = split_sizes(int(b - a), self.parts)
+                lo = int(a) + sum(rows[:self.index])
+                cuts.append((lo, lo + rows[self.index], int(a), int(b - a)))
+        else:
+            rows = split_sizes(total, self.parts)
+            lo = sum(rows[:self.index])
+            bounds = lo + np.cumsum([0] + split_sizes(rows[self.index], self.microbatches))
+            cuts = [(int(a), int(b), 0, total) for a, b in zip(bounds, bounds[1:])]
         positions = np.arange(T) if self.cp is None else self.cp.positions(T)
-        self.held = ((lo + np.arange(rows[self.index]))[:, None] * T + positions).reshape(-1), total * T
-        share = 1.0
-        if self.cp is not None:
-            x, y, share = self.cp.shard(x), self.cp.shard(y), 1.0 / self.cp.size
-        cuts = np.cumsum([0] + split_sizes(rows[self.index], self.microbatches))
-        return ([x[a:b] for a, b in zip(cuts, cuts[1:])], [y[a:b] for a, b in zip(cuts, cuts[1:])],
-                [(b - a) / total * share for a, b in zip(cuts, cuts[1:])])
+        self.held = [((((a - base) + np.arange(b - a))[:, None] * T + positions).reshape(-1), size * T)
+                     for a, b, base, size in cuts]
+        self.current = 0
+        share = 1.0 if self.cp is None else 1.0 / self.cp.size
+        shard = (lambda v: v) if self.cp is None else self.cp.shard
+        return ([shard(x[a:b]) for a, b, _, _ in cuts], [shard(y[a:b]) for a, b, _, _ in cuts],
+                [np.float64((b - a) / total * share) for a, b, _, _ in cuts])  # numpy scalars, as the estimator assumes
+
+    def select(self, microbatch: int) -> None:
+        """The micro-batch (of the last ``split``) whose forward runs next (the engines call it)."""
+        self.current = microbatch
 
     def token_index(self, tokens: int) -> tuple[np.ndarray, int]:
-        """(global index ``sequence x seq_len + position`` of each token of the last ``split``, in this rank's
-        (sequence, position) order; tokens in the global batch). Only for a whole share: a layer seeing one of
-        several micro-batches could not tell which."""
-        held = 0 if self.held is None else self.held[0].size
-        if self.microbatches > 1 or tokens != held:
+        """(index ``sequence x seq_len + position`` in its global micro-batch of each token of the selected
+        micro-batch, in this rank's (sequence, position) order; tokens in that global micro-batch)."""
+        held = self.held[self.current] if self.held else None
+        if held is None or tokens != held[0].size:
             raise ValueError(f"MoE planned routing: a layer on batch share {self.index} of {self.parts} saw {tokens} "
-                             f"tokens, but the share holds {held} in {self.microbatches} micro-batch(es); a planned "
-                             f"route is read from the whole share of the last split (microbatches=1)")
-        return self.held
+                             f"tokens, but its micro-batch {self.current} holds {0 if held is None else held[0].size}; "
+                             "a planned route is read from the selected micro-batch of the last split")
+        return held
 
 
 @dataclass
@@ -136,14 +154,15 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         cp = CPGroup.of(mesh.get_group("cp"), pc.cp_layout, pc.algorithm)
         context_parallelize(model, cp, pc.cp_method)
     dense_group = mesh.get_group(DENSE_GRAD)
-    batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp)
-    if model.config.n_experts:  # 4. (ep = 1 too: the routing counts of the whole batch, over the data group)
+    batch = BatchShare(mesh.size(BATCH), mesh.get_local_rank(BATCH), pc.microbatches, cp, bool(model.config.n_experts))
+    if model.config.n_experts:  # 4. (ep = 1 too: the routing counts of the whole micro-batch, over the data group)
         expert_parallelize(model, EPGroup.of(mesh.get_group("ep"), dense_group if dense_group.size() > 1 else None,
                                              pc.algorithm), placement=batch)
     if pc.pp > 1:
         executor = PipelineExecutor(model, list(mesh.get_group("pp").ranks), mesh.get_local_rank("pp"), layout,
                                     ledger=ledger, recompute_every=pc.recompute_every,
                                     recompute_layers=pc.recompute_layers, placement=schedule.placement)
+        executor.select = batch.select
     acts = executor.acts if executor is not None else ActivationLedger(ledger)
     if pc.recompute == "selective":  # 5. (segments are checkpointed by the runner or the pipeline's chunks)
         for block in model.blocks:
@@ -162,6 +181,8 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
     reducer.setup(ledger, dict(state_bytes, optimizer=0) if host else state_bytes)
     if host is not None:
         host.setup(reducer.pieces())
+    else:  # the optimizer state is allocated with the model state, and booked from its arrays
+        optimizer.allocate(reducer.pieces(), ledger, state_bytes["optimizer"])
     if executor is not None:
         # tied embeddings: the first and last stages both use the matrix; on the V placement both are rank 0's
         ends = pipeline_ends(mesh) if model.config.tie_embeddings and schedule.placement == "loop" else None
@@ -169,7 +190,7 @@ def parallelize(model, mesh: DeviceMesh, config: ParallelConfig, optimizer: Flat
         return Parallelized(model, reducer, engine, batch, host, acts, tp_axes,
                             {"layout": layout, "stage": mesh.get_local_rank("pp")})
     runner = Runner(model, pc, acts, reducer if pc.shards_params else None)
-    return Parallelized(model, reducer, MicroBatches(runner, reducer), batch, host, acts, tp_axes)
+    return Parallelized(model, reducer, MicroBatches(runner, reducer, batch.select), batch, host, acts, tp_axes)
 
 
 def _data_parallel(model, named: list, mesh: DeviceMesh, pc: ParallelConfig):

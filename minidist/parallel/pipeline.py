@@ -97,6 +97,7 @@ class PipelineExecutor:
         self.seq_shards = tp.size if tp is not None and tp.sequence_parallel else 1
         self.store = WeightGradStore()
         self._wrapped = False
+        self.select = None  # the batch share's micro-batch selector: an MoE layer's planned route reads it
         prefixes = [pre for ch in self.chunks for pre in ch.prefixes()]
         self.named = [(n, p_) for n, p_ in model.named_parameters() if any(n.startswith(pre) for pre in prefixes)]
         if model.config.tie_embeddings and any(ch.last for ch in self.chunks) and "wte." not in prefixes:
@@ -175,6 +176,8 @@ class PipelineExecutor:
             elif a.op == "SEND_B":
                 sends.append(dist.isend(inputs[key].grad, prev_r, tag=self._tag(1, a.mb, vs)))
             else:
+                if self.select is not None and a.op != "W":  # a backward may recompute the micro-batch's forward
+                    self.select(a.mb)
                 start = clock.now()
                 self.hooks.phase = "forward" if a.op == "F" else "backward"
                 with self._charged(a, clock):

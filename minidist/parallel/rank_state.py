@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minidist.parallel.flat import assemble
+
 MOMENTS = {"adamw": ("m", "v"), "sgd": ("momentum_buffer",)}
 
 
@@ -116,3 +118,51 @@ def restore(reducer, optimizer, model, full: dict[str, dict], tp_axes: dict | No
             for kind in kinds:
                 st[kind].reshape(-1)[at:at + hi - lo] = local(name, kind).reshape(-1)[lo:hi]
             st["step"] = full[name]["step"]
+
+
+def capture_loop(model, scaler, reducer) -> dict:
+    """What the step loop carries besides weights and moments, JSON-ready: the routing biases of each bias-balanced
+    MoE layer this rank runs (``{module name: biases}``, a statistic of past loads, no parameter) and the dynamic
+    loss scaler's state (the same on every rank), so that a resumed run routes and scales as the run it continues."""
+    held = {n for names in reducer.piece_names() for n in names}
+    biases = {name: m.route_bias.tolist() for name, m in model.named_modules()
+              if getattr(m, "balance", None) == "bias" and f"{name}.router.weight" in held}
+    return {"route_bias": biases, "scaler": None if scaler is None else scaler.state_dict()}
+
+
+def merge_loop(metas: list[dict]) -> dict:
+    """Every rank's :func:`capture_loop` as one: each layer's biases from whichever rank ran it (pipeline stages
+    hold some layers each), the scaler's state from the first rank. A checkpoint written before these were saved
+    gives none."""
+    biases: dict[str, list] = {}
+    for meta in metas:
+        biases.update(meta.get("route_bias", {}))
+    return {"route_bias": biases, "scaler": metas[0].get("scaler")}
+
+
+def restore_loop(model, scaler, state: dict | None) -> None:
+    """Set the routing biases and the loss scaler from :func:`merge_loop`'s result (``None``: nothing saved)."""
+    if not state:
+        return
+    biases = state.get("route_bias", {})
+    for name, m in model.named_modules():
+        if name in biases:
+            m.route_bias = np.array(biases[name], dtype=np.float64)
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+
+
+def gather_state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
+    """The whole tensors of a run's result from every rank's ``reducer.param_state()`` (or ``grad_state()``)."""
+    if "full" in st:  # replicated, or (pipeline stages) each rank holds some whole parameters
+        return {k: v for s in per_rank for k, v in s["full"].items()}
+    # sharded: each unit's shards, from the ranks that hold it (its group, in rank order), joined unit by unit;
+    # a pipeline stage's units or an expert's live on some ranks only
+    units: dict[tuple, tuple[dict, list]] = {}
+    for s in per_rank:
+        for u in s["meta"]:
+            units.setdefault((u["name"], tuple(u["names"])), (u, []))[1].append({u["name"]: s["shards"][u["name"]]})
+    out = {}
+    for meta, shards in units.values():
+        out.update(assemble([meta], shards))
+    return out

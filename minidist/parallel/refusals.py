@@ -3,9 +3,8 @@
 Every reason is one of meaning: a layout that would compute something else than one device (another
 objective, masks or dropped tokens that depend on the layout), or a shape that does not split evenly.
 Two attention variants are refused because the parallel code does not implement them: a sliding
-window with context parallelism, latent attention with tensor parallelism; and three pairs are refused
-because they are not built yet (compression with MoE here; loss scaling or routing biases with checkpoints
-in ``train``), each message says so.
+window with context parallelism, latent attention with tensor parallelism; and one pair is refused
+because it is not built yet (compression with MoE), its message says so.
 The list, in words, is in ``ParallelConfig``'s docstring; ``tests/test_compose.py`` shows that every
 other combination of the strategies trains exactly like one device.
 """
@@ -106,11 +105,6 @@ def _tokens(cfg, pc) -> None:
         # the same sequences, so the dropped set would differ from one device's
         raise ValueError("parallel.train: capacity dropping with cp > 1 would depend on the layout; "
                          "use capacity_factor=None with context parallelism")
-    if cfg.n_experts and pc.microbatches > 1:
-        raise ValueError("parallel.train: a mixture-of-experts model trains with microbatches=1: expert capacity and "
-                         "the load-balancing loss are statistics of the whole batch, and accumulating micro-batches "
-                         "would compute them per micro-batch, a different objective "
-                         f"(got microbatches={pc.microbatches})")
 
 
 def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: bool, representatives: bool,
@@ -128,12 +122,13 @@ def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: boo
         raise ValueError("parallel.train: shape_only=True runs without values, so it cannot route tokens to experts "
                          "by the router's scores; give GPTConfig(expert_load='balanced') or each expert's share")
     if representatives and pc.ep > 1 and getattr(cfg, "n_experts", 0):
-        # a plan routes by the global token index, so each run of consecutive tokens a rank holds (all its rows with
-        # cp = 1, else each cp chunk of a sequence) must deal every expert alike
-        run = global_batch // (pc.dp * pc.ep) * cfg.seq_len if pc.cp == 1 else \
+        # a plan routes by the token's index in its global micro-batch, so each run of consecutive tokens a rank
+        # holds (its rows of a micro-batch with cp = 1, else each cp chunk of a sequence) must deal every expert alike
+        parts = pc.dp * pc.ep * pc.microbatches
+        run = global_batch // parts * cfg.seq_len if pc.cp == 1 else \
             cfg.seq_len // (pc.cp * (2 if pc.cp_layout == "zigzag" else 1))
         tokens = run * cfg.top_k
-        if cfg.expert_load != "balanced" or global_batch % (pc.dp * pc.ep) or tokens % cfg.n_experts:
+        if cfg.expert_load != "balanced" or global_batch % parts or tokens % cfg.n_experts:
             raise ValueError(
                 f"parallel.train: representatives=True stands for ep ranks only when every rank's experts receive "
                 f"the same rows: expert_load='balanced' with {cfg.top_k} x the tokens of each run of consecutive "
@@ -142,19 +137,10 @@ def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: boo
                 f"(representatives=False) for an uneven load")
 
 
-def check_resilience(model_config, mp, checkpoint_dir, resume) -> None:
-    """``train``'s checkpoint options: ``resume``'s spelling, and the pairs with checkpoints not built yet (state a
-    checkpoint does not save, so a resumed run would not continue the same one)."""
+def check_resilience(checkpoint_dir, resume) -> None:
+    """``train``'s checkpoint options: ``resume``'s spelling and what it needs. (A checkpoint saves everything a
+    step reads: weights, moments, the data order, the loss scaler and the routing biases; nothing is refused.)"""
     if resume is not True and resume is not False and resume != "or-start-over":
         raise ValueError(f"parallel.train: resume must be True, False or 'or-start-over', got {resume!r}")
     if resume and checkpoint_dir is None:
         raise ValueError(f"parallel.train: resume={resume!r} needs checkpoint_dir")
-    if checkpoint_dir is None:
-        return
-    if mp.scaler() is not None:
-        raise ValueError(f"parallel.train: loss scaling (precision={mp.precision!r}, loss_scale={mp.loss_scale!r}) "
-                         "with checkpoints is not built yet: the loss scale is not saved, so a resumed run would "
-                         "restart it")
-    if getattr(model_config, "moe_balance", "aux_loss") == "bias":
-        raise ValueError("parallel.train: moe_balance='bias' with checkpoints is not built yet: the routing "
-                         "biases are not saved, so a resumed run would route by other biases")

@@ -7,6 +7,10 @@ the newest checkpoint that reads back intact - possibly written by an earlier at
 layout - and the run's account grows by the attempt's time, the restart's cost and the work lost since
 the last checkpoint. The losses and step times of the steps before the checkpoint come from the
 checkpoint itself, so the final result covers the whole run.
+
+A rank process that really dies (``os._exit``, SIGKILL, the OOM killer) fails its attempt too, and restarts
+like an injected failure; it leaves no note, so the account counts that attempt up to its last checkpoint and
+no lost work (its clock died with it). A rank whose code raises is an error, raised, not restarted.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import tempfile
 import warnings
 
 from minidist.parallel.checkpointing import Attempt, CheckpointPlan, failure_path
-from minidist.parallel.rank_state import merge
+from minidist.parallel.rank_state import merge, merge_loop
 from minidist.resilience.failures import Faults, RankFailure
 from minidist.resilience.store import CheckpointError, discard_partial, latest, set_aside
 from minidist.runtime import RankError
@@ -33,6 +37,31 @@ def step_loss(parts) -> float:
     (3.12 and later) but numpy's float64s from the ranks one by one, so a restarted run's losses could differ
     from the uninterrupted run's in the last bit."""
     return math.fsum(float(v) for v in parts)
+
+
+def died(error: RankError) -> bool:
+    """Did the launch fail because a rank's process ended without a report (``os._exit``, a signal such as SIGKILL,
+    the OOM killer), rather than because a rank's code raised?"""
+    return bool(error.errors) and error.errors.get(error.rank, ("",))[0] == "RankDied"
+
+
+def after_setup(windows: list[list]) -> list[list]:
+    """Every rank's step windows (``[(start, end)]`` per step), the first begun when the last rank finished its
+    setup (the broadcast of the initial weights, a checkpoint's read) rather than at the rank's own start.
+
+    The setup leaves the ranks' clocks apart, and the time an early rank then waits for the latest in the first
+    step's collectives is the setup's, not the step's: so the first step is timed like the others."""
+    if not windows or not windows[0]:
+        return windows
+    begin = max(w[0][0] for w in windows)
+    return [[(min(begin, w[0][1]), w[0][1]), *w[1:]] for w in windows]
+
+
+def step_times(windows: list[list], n: int) -> list[float]:
+    """The simulated seconds of an attempt's first ``n`` steps from every rank's step windows: the slowest rank's,
+    the first step from the end of the setup (:func:`after_setup`)."""
+    windows = after_setup(windows)
+    return [max(w[s][1] - w[s][0] for w in windows) for s in range(n)]
 
 
 class Attempts:
@@ -67,9 +96,13 @@ class Attempts:
                     return launch_attempt(Attempt(self.plan, self.faults, record_dir, index, tuple(kills), state))
                 except RankError as e:
                     path = failure_path(record_dir, index)
-                    if not path.exists():
-                        raise  # not an injected failure: a real error
-                    rec = json.loads(path.read_text())
+                    if path.exists():
+                        rec = json.loads(path.read_text())
+                    elif self.restart and died(e):  # a rank process really died: no note of when it did
+                        rec = {"rank": e.rank, "step": None, "clock": None, "reason": e.errors[e.rank][1],
+                               "attempt": index, "last_commit": 0.0}
+                    else:
+                        raise  # an exception in a rank's code: an error, not a failure to restart from
                     self.failures.append(rec)
                     if not self.restart:
                         raise RankFailure(f"parallel.train: rank {rec['rank']} failed at step {rec['step']} "
@@ -79,8 +112,10 @@ class Attempts:
                         kills = [k for k in kills if list(k) != [rec["rank"], rec["step"]]]  # each kill fires once
                     state = self._load()
                     same = state is not None and state["attempt"] == index
+                    if rec["clock"] is None:  # the dead rank's clock died with it: counted to its last checkpoint
+                        rec["clock"] = rec["last_commit"] = state["clock"] if same else 0.0
                     self.lost += rec["clock"] - (rec["last_commit"] if same else 0.0)
-                    self.elapsed += rec["clock"] + self.faults.restart_seconds
+                    self.elapsed += rec["clock"] + (self.faults.restart_seconds if self.faults is not None else 0.0)
             raise RankFailure(f"parallel.train: the run failed {self.max_restarts + 1} times; giving up "
                               f"(raise max_restarts, or checkpoint more often)")
         finally:
@@ -112,7 +147,7 @@ class Attempts:
         n = len(metas[0]["losses"])  # the steps the writing attempt ran before this checkpoint
         lead = [m for m in metas if m["lead"]]
         self.losses = manifest["losses"] + [step_loss(m["losses"][s] for m in lead) for s in range(n)]
-        self.times = manifest["times"] + [max(w[s][1] - w[s][0] for w in (m["windows"] for m in metas))
-                                          for s in range(n)]
+        self.times = manifest["times"] + step_times([m["windows"] for m in metas], n)
         return {"step": manifest["step"], "full": merge(ranks), "rng": manifest["rng"], "losses": self.losses,
-                "times": self.times, "attempt": manifest["attempt"]}
+                "times": self.times, "attempt": manifest["attempt"], "clock": manifest.get("clock", 0.0),
+                "loop": merge_loop(metas)}

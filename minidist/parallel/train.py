@@ -25,15 +25,15 @@ from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, update_route_bias
 from minidist.parallel.checkpointing import Attempt, CheckpointPlan
 from minidist.parallel.config import ParallelConfig
-from minidist.parallel.flat import assemble
 from minidist.parallel.flat_optim import FlatOptimizer
 from minidist.parallel.mesh import DENSE_GRAD, build_mesh
 from minidist.parallel.mesh import representatives as mesh_representatives
 from minidist.parallel.mixed_precision import MixedPrecision, unscale_and_agree
 from minidist.parallel.parallelize import parallelize, split_sizes
 from minidist.parallel.pipeline_stages import layer_costs
+from minidist.parallel.rank_state import gather_state
 from minidist.parallel.refusals import check_layout, check_resilience, check_shape_only
-from minidist.parallel.restart import Attempts, step_loss
+from minidist.parallel.restart import Attempts, after_setup, step_loss, step_times
 from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
 from minidist.resilience.failures import Faults
 from minidist.runtime import launch
@@ -42,8 +42,9 @@ from minidist.runtime.context import current
 
 @dataclass
 class TrainResult:
-    """What a run measured. ``time``: simulated seconds per step (slowest rank); ``memory[r]``: rank r's
-    peak bytes per ledger category; ``comm_bytes[s][r]``: bytes rank r sent on links during step s."""
+    """What a run measured. ``time``: simulated seconds per step (slowest rank; the first step from the moment the
+    last rank finished its setup, as ``windows[r][0]`` starts, ``restart.step_times``); ``memory[r]``: rank r's peak
+    bytes per ledger category; ``comm_bytes[s][r]``: bytes rank r sent on links during step s (from its own start)."""
 
     losses: list[float]
     params: dict[str, np.ndarray]
@@ -82,21 +83,6 @@ class TrainResult:
         return f"TrainResult({len(self.losses)} steps, {loss}{sim})"
 
 
-def _state(st: dict, per_rank: list[dict]) -> dict[str, np.ndarray]:
-    if "full" in st:  # replicated, or (pipeline stages) each rank holds some whole parameters
-        return {k: v for s in per_rank for k, v in s["full"].items()}
-    # sharded: each unit's shards, from the ranks that hold it (its group, in rank order), joined unit by unit;
-    # a pipeline stage's units or an expert's live on some ranks only
-    units: dict[tuple, tuple[dict, list]] = {}
-    for s in per_rank:
-        for u in s["meta"]:
-            units.setdefault((u["name"], tuple(u["names"])), (u, []))[1].append({u["name"]: s["shards"][u["name"]]})
-    out = {}
-    for meta, shards in units.values():
-        out.update(assemble([meta], shards))
-    return out
-
-
 def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
                 hyper: dict, tokens: np.ndarray, run: Attempt | None = None, mp: MixedPrecision | None = None,
                 shapes: bool = False) -> dict:
@@ -122,8 +108,8 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
     reducer = par.reducer
     rng = np.random.default_rng([seed, 2])
     run = run or Attempt()
-    keeper = run.checkpointer(par, opt, mesh, clock)
-    start = run.resume(par, opt, mesh, rng, clock)
+    keeper = run.checkpointer(par, opt, mesh, clock, scaler)
+    start = run.resume(par, opt, mesh, rng, clock, scaler)
     losses, windows, grads = [], [], None
     lead = mesh.get_local_rank("tp") == 0
     keeper.start(start, run.shared(rng, pc), {"losses": [], "windows": [], "lead": lead})
@@ -199,7 +185,10 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     A checkpoint at or past ``steps`` is an error (nothing is left to train), not a no-op. ``faults``
     (``md.resilience.Faults``) kills ranks or slows them; with ``restart=True`` a failed attempt restarts from the
     newest intact checkpoint (or from the start without one), at most ``max_restarts`` times, and the result counts
-    the simulated time lost.
+    the simulated time lost. A failed attempt is an injected fault or a rank process that really died (``os._exit``,
+    SIGKILL; its lost time is not known and counts as none); a rank that raises is an error and is raised. The
+    checkpoint holds the weights, the optimizer's moments, the data order, the loss scaler and the routing biases,
+    so a resumed or restarted run equals the uninterrupted one.
 
     Mixed precision (chapter 30): ``precision`` ("bf16", "fp16" or "fp8") runs the matrix products in that format
     over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges each op
@@ -234,7 +223,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     if len(betas) != 2 or not all(isinstance(b, numbers.Real) and 0 <= b < 1 for b in betas):
         raise ValueError(f"parallel.train: betas must be two numbers in [0, 1), got {betas!r}")
     mp = MixedPrecision(precision, loss_scale)
-    check_resilience(model_config, mp, checkpoint_dir, resume)
+    check_resilience(checkpoint_dir, resume)
     cfg = replace(model_config, dtype=dtype)
     check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
@@ -272,20 +261,21 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
     ran = steps - start  # an attempt that resumed ran the last steps only
     losses = attempts.losses + [step_loss(o["losses"][s] for o in lead) for s in range(ran)]
-    windows = [o["windows"] for o in out]
-    time = attempts.times + [max(w[s][1] - w[s][0] for w in windows) for s in range(ran)]
+    windows = [o["windows"] for o in out]  # the bytes of each rank's own step, from its own start (below)
+    time = attempts.times + step_times(windows, ran)  # the first from the end of the last rank's setup
     rep = getattr(res, "representatives", None) or list(range(len(out)))  # a rank's trace is its representative's
     per_rep = {r: res.trace.bytes_within(r, windows[r][:ran]) for r in set(rep)}
     comm = [[per_rep[rep[r]][s] for r in range(len(out))] for s in range(ran)]
+    windows = after_setup(windows)
     if shape_only:
         params, grads, rank_params = {}, {}, None
     else:
         replicated = "full" in out[0]["params"]
-        params = _state(out[0]["params"], [o["params"] for o in out])
-        grads = _state(out[0]["grads"], [o["grads"] for o in out])
+        params = gather_state(out[0]["params"], [o["params"] for o in out])
+        grads = gather_state(out[0]["grads"], [o["grads"] for o in out])
         rank_params = [o["params"]["full"] for o in out] if replicated else None
         if pc.tp > 1:
-            params, grads, rank_params = merge_tensor_parallel(out, _state, replicated)
+            params, grads, rank_params = merge_tensor_parallel(out, gather_state, replicated)
     return TrainResult(
         losses=losses, params=params, grads=grads, time=time,
         memory=[dict(m.peak) for m in res.memory], peak_memory=[m.peak_total for m in res.memory], trace=res.trace,

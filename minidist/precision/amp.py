@@ -139,6 +139,15 @@ class LossScaler:
             self.scale *= self.growth_factor
         return True
 
+    def state_dict(self) -> dict:
+        """What the scaler carries from step to step (JSON-ready): a checkpoint saves it, so that a resumed run
+        scales, grows and backs off exactly as the run it continues."""
+        return {"scale": self.scale, "clean": self._clean, "skipped": self.skipped, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self._clean = float(state["scale"]), int(state["clean"])
+        self.skipped, self.history = int(state["skipped"]), [float(s) for s in state["history"]]
+
     def step(self, optimizer, params: Iterable | None = None) -> bool:
         """Unscale, update unless a gradient overflowed, adapt the scale; returns whether it updated."""
         params = list(optimizer.params() if params is None else params)
