@@ -9,7 +9,7 @@ Writing an algorithm file
 -------------------------
 Register one function per collective with ``@register(collective, name)``::
 
-    from minidist.collectives import register
+    from minidist.collectives.registry import register
 
     @register("all_reduce", "ring")
     def all_reduce(c: Comm, buf: np.ndarray, op: ReduceOp) -> None: ...
@@ -80,25 +80,8 @@ maps names to functions. ``direct.py`` has a naive root-based version of every c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "scatter", "gather", "all_gather", "reduce_scatter",
-               "all_to_all", "barrier")
-
-#: collective -> algorithm name -> function
-ALGORITHMS: dict[str, dict[str, Callable]] = {name: {} for name in COLLECTIVES}
-
-
-def register(collective: str, name: str) -> Callable[[Callable], Callable]:
-    """Decorator: make ``fn`` available as ``algorithm=name`` for ``collective``."""
-    if collective not in ALGORITHMS:
-        raise ValueError(f"register: unknown collective {collective!r}; known: {COLLECTIVES}")
-
-    def deco(fn: Callable) -> Callable:
-        ALGORITHMS[collective][name] = fn
-        return fn
-
-    return deco
+from minidist.collectives.registry import ALGORITHMS, COLLECTIVES, register  # noqa: F401  (the package's names)
 
 
 def finishes_with_root(collective: str, algorithm: str, p: int) -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.collectives import register
 from minidist.collectives.comm import Comm
+from minidist.collectives.registry import register
 from minidist.runtime.ops import ReduceOp
 
 

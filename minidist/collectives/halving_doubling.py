@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.collectives import register
 from minidist.collectives.comm import Comm, Pieces
+from minidist.collectives.registry import register
 from minidist.collectives.ring import span, split
 from minidist.runtime.ops import ReduceOp
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.collectives import register, ring
+from minidist.collectives import ring
 from minidist.collectives.comm import Comm
+from minidist.collectives.registry import register
 from minidist.runtime.ops import ReduceOp
 
 

@@ -13,8 +13,8 @@ largest block.
 
 from __future__ import annotations
 
-from minidist.collectives import register
 from minidist.collectives.comm import Comm
+from minidist.collectives.registry import register
 
 
 @register("all_to_all", "pairwise")

@@ -14,8 +14,9 @@ from minidist.runtime.errors import (
     RankError,
 )
 from minidist.runtime.groups import ProcessGroup
-from minidist.runtime.launch import LaunchResult, launch
+from minidist.runtime.launch import launch
 from minidist.runtime.ops import ReduceOp
+from minidist.runtime.results import LaunchResult
 from minidist.runtime.work import Work
 
 __all__ = [

@@ -6,7 +6,7 @@ leaves the name behind for good. A pipe is two file descriptors, and the kernel 
 last process that holds them, so nothing a launch makes for waiting can outlive it.
 
 Rings pile up as bytes; one wake-up swallows them all. A ring into a full pipe is dropped, which is
-harmless: the bell is already ringing. Only a rank that is about to sleep gets rung (transport.py),
+harmless: the bell is already ringing. Only a rank that is about to sleep gets rung (waiting.py),
 so the write system call stays off the busy path.
 """
 

@@ -42,6 +42,7 @@ from minidist.runtime import context
 from minidist.runtime.errors import DeadlockError, RankAborted, reason
 from minidist.runtime.inprocess_transport import Exchange, InProcessTransport
 from minidist.runtime.live import LiveView, RankStream
+from minidist.runtime.results import LaunchResult, failure
 
 # Module-level state that belongs to the rank running, not to the process (module, attribute). A forked
 # rank gets its own copy of each; here each rank starts from a copy of the launcher's and keeps its own.
@@ -53,8 +54,8 @@ RANK_STATE = (
     ("minidist.autograd.autocast", "_round_grad"),
     ("minidist.autograd.random", "_generator"),
     ("minidist.autograd.shape_only", "_BUILDING"),
-    ("minidist.parallel.sequence_parallel", "_scope"),
-    ("minidist.parallel.split_backward", "_capturing"),
+    ("minidist.parallel.tensor.sequence_parallel", "_scope"),
+    ("minidist.parallel.pipeline.split_backward", "_capturing"),
     ("sys", "stdout"),
     ("sys", "stderr"),
 )
@@ -240,8 +241,6 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
     ``represent`` (shape-only runs of many ranks): a function giving each rank the rank that stands for it;
     only the representatives run, their messages to and from the others are mirrored (``inprocess_transport``)
     and every rank's entry of the result is its representative's."""
-    from minidist.runtime.launch import LaunchResult, _failure  # the launcher's own result and error
-
     cluster = (cluster if cluster is not None else Cluster.dgx_h100()).for_world(world_size)
     rep = list(range(world_size)) if represent is None else [int(represent(r)) for r in range(world_size)]
     ranks = sorted(set(rep))
@@ -341,7 +340,7 @@ def launch_inprocess(fn, world_size: int, args: tuple, kwargs: dict | None, clus
         errors[r] = ("DeadlineExceeded", doing, where, None)
     if errors:
         order = [r for r in order if r in errors and r not in stopped]
-        raise _failure(errors, list(stopped) + order)
+        raise failure(errors, list(stopped) + order)
     res = LaunchResult([reports[rep[r]][1] for r in range(world_size)], [reports[rep[r]][2] for r in range(world_size)],
                        [reports[rep[r]][3] for r in range(world_size)],
                        Trace.from_recorders({r: reports[r][4] for r in ranks}),

@@ -20,10 +20,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager, nullcontext
 
-import dill
 import multiprocess
 from multiprocess import spawn as mp_spawn
 from multiprocess.connection import wait as mp_wait
@@ -32,11 +31,12 @@ from minidist.hardware.cluster import Cluster
 from minidist.hardware.trace import Trace
 from minidist.runtime import context, pickling, shm
 from minidist.runtime.doorbell import Doorbell
-from minidist.runtime.errors import RankError, exit_text, process_state
+from minidist.runtime.errors import exit_text, process_state
 from minidist.runtime.inprocess_launch import launch_inprocess
 from minidist.runtime.live import LiveView
 from minidist.runtime.mpi_launch import launch_mpi
 from minidist.runtime.rank_process import rank_main
+from minidist.runtime.results import LaunchResult, failure, positive_seconds
 from minidist.runtime.transport import SETTLE_S
 
 _BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -47,33 +47,6 @@ GRACE = 1.0  # seconds the parent waits for the other ranks' reports once one ra
 FRESH_START_S = 60.0
 # ranks as processes need POSIX: shared memory by name, pipes to poll, signals to stop them and ask where they are
 _POSIX = os.name == "posix"
-
-
-class LaunchResult(Sequence):
-    """The ranks' return values in rank order, plus what the simulation measured.
-
-    ``times[r]``: rank r's final simulated time in seconds (all its streams finished);
-    ``memory[r]``: its MemoryLedger; ``trace``: every rank's events; ``stdout[r]``: what it printed;
-    ``wall``: the real seconds the launch took (under MPI: from mpiexec's start to its end).
-    """
-
-    def __init__(self, values, times, memory, trace, stdout, wall: float | None = None) -> None:
-        self.values, self.times, self.memory, self.trace, self.stdout = values, times, memory, trace, stdout
-        self.wall = wall
-
-    def __getitem__(self, i):
-        return self.values[i]
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    @property
-    def time(self) -> float:
-        """The run's simulated duration: the slowest rank's time."""
-        return max(self.times, default=0.0)
-
-    def __repr__(self) -> str:
-        return f"LaunchResult({self.values!r}, time={self.time:.6g} s)"
 
 
 class _Segment:
@@ -101,12 +74,6 @@ class _Segment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def positive_seconds(value: object) -> bool:
-    """Whether ``value`` is a finite positive number of seconds (a bool, a string or NaN is not)."""
-    return (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-            and value > 0)
 
 
 def _layout(world: int, named: bool) -> shm.Layout:
@@ -302,33 +269,6 @@ def _overstay(rank: int, why: str, board: shm.Board, pid: int) -> str:
     return f"rank {rank} was still {doing} at {why} and was stopped"
 
 
-def _failure(errors: dict, order: list[int]) -> RankError:
-    """One error for the caller: the first real failure with its traceback, then every other rank's.
-
-    A rank that stopped only because a peer failed (aborted, or waiting on a peer that exited) is a
-    consequence, not the cause, so the root cause is reported first whatever order the ranks died in.
-    """
-    consequences = ("RankAborted", "PeerExitedError", "Terminated")
-    real = ([r for r in order if errors[r][0] not in consequences]
-            or [r for r in order if errors[r][0] != "RankAborted"] or order)
-    first = real[0]
-    name, msg, tb, exc = errors[first][:4]
-    lines = [f"rank {first} failed with {name}: {msg}"]
-    others = [r for r in sorted(errors) if r != first]
-    if others:
-        lines.append("other ranks: " + "; ".join(f"rank {r}: {errors[r][0]}: {errors[r][1]}" for r in others))
-    if tb:
-        where = "where it was" if name == "DeadlineExceeded" else "traceback"
-        lines.append(f"\n--- {where} of rank {first} ---\n{tb.rstrip()}")
-    obj = None
-    if exc is not None:
-        try:
-            obj = dill.loads(exc)
-        except Exception:
-            obj = None
-    return RankError("\n".join(lines), rank=first, errors={r: errors[r][:3] for r in errors}, exc=obj)
-
-
 class _Ranks:
     """The launcher's side of a running launch: what each rank reported, and when to stop them.
 
@@ -476,7 +416,7 @@ class _Ranks:
         if self.errors:
             for r in self.running():  # a consequence, not part of the failure order
                 self.errors[r] = ("Terminated", "stopped by the launcher after another rank failed", "", None)
-            raise _failure(self.errors, self.order or sorted(self.errors))
+            raise failure(self.errors, self.order or sorted(self.errors))
         w = range(self.world)
         return LaunchResult([self.values[r] for r in w], [self.times[r] for r in w], [self.memory[r] for r in w],
                             Trace.from_recorders(self.events), [self.stdout[r] for r in w])

@@ -33,6 +33,7 @@ from minidist.hardware.trace import Trace
 from minidist.runtime import pickling
 from minidist.runtime.errors import exit_text, proc_stat
 from minidist.runtime.live import LiveView
+from minidist.runtime.results import LaunchResult, failure
 
 POLL = 0.02  # seconds between looks at the ranks' files
 # mpiexec starts each rank through this shell line: it runs the rank, then records how its process ended ($?: the
@@ -261,8 +262,6 @@ def _running(pid: int) -> bool:
 def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: Cluster | None, timeout: float,
                quiet: bool, deadline: float | None):
     """Run ``fn`` on ``world_size`` MPI processes; the LaunchResult, or the RankError of the first failure."""
-    from minidist.runtime.launch import LaunchResult, _failure  # the launcher's own result and error
-
     why = mpi_available()
     if why is not None:
         raise RuntimeError(f"md.launch(backend='mpi'): {why}")
@@ -362,4 +361,4 @@ def launch_mpi(fn, world_size: int, args: tuple, kwargs: dict | None, cluster: C
             errors[r] = ("RankDied", f"rank {r} exited without reporting (mpiexec exit code {proc.returncode}"
                          + (f"; mpiexec said: {tail}" if tail else "") + ")", "", None)
         order.append(r)
-    raise _failure(errors, order)
+    raise failure(errors, order)
