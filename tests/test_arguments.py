@@ -66,13 +66,13 @@ def test_launch_takes_args_as_a_list_and_kwargs_as_any_mapping():
     ({"steps": 0}, "steps must be an int"),
     ({"global_batch": True}, "global_batch must be an int"),
     ({"optimizer": "adam"}, "optimizer must be 'adamw' or 'sgd'"),
-    ({"lr": math.nan}, "lr must be a finite number"),
-    ({"weight_decay": -0.1}, "weight_decay must be a finite number"),
-    ({"betas": (0.9, 1.0)}, "betas must be two numbers"),
+    (lambda: {"optimizer": md.parallel.AdamW(lr=math.nan)}, "lr must be a finite number"),
+    (lambda: {"optimizer": md.parallel.SGD(weight_decay=-0.1)}, "weight_decay must be a finite number"),
+    (lambda: {"optimizer": md.parallel.AdamW(betas=(0.9, 1.0))}, "betas must be two numbers"),
 ])
 def test_train_refuses_bad_arguments_up_front(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        md.parallel.train(CFG, ParallelConfig(), **kwargs)
+    with pytest.raises(ValueError, match=match):  # the options objects check themselves as they are made
+        md.parallel.train(CFG, ParallelConfig(), **(kwargs() if callable(kwargs) else kwargs))
 
 
 @pytest.mark.parametrize("kwargs, match", [

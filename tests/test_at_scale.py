@@ -19,7 +19,7 @@ import pytest
 
 import minidist as md
 from minidist.estimate import model
-from minidist.parallel import ParallelConfig
+from minidist.parallel import ParallelConfig, Precision
 from minidist.parallel.at_scale import gpt_config, simulate_step
 from minidist.viz.at_scale import layout_of, published_parallel
 
@@ -31,7 +31,7 @@ def test_the_simulated_step_is_the_step_of_the_run_with_data():
     pc = ParallelConfig(tp=2, pp=2, dp=2, microbatches=2, sequence_parallel=True, zero_stage=1, recompute="full")
     step = simulate_step(LLAMA, pc, 8)
     with np.errstate(all="ignore"):
-        data = md.parallel.train(LLAMA, pc, steps=1, global_batch=8, dtype="float16", precision="bf16")
+        data = md.parallel.train(LLAMA, pc, steps=1, global_batch=8, dtype="float16", precision=Precision("bf16"))
     assert step.step_time == pytest.approx(data.time[0], rel=1e-12)
     assert step.peak_memory == max(data.peak_memory)
     assert (step.gpus, step.simulated_ranks, step.num_params) == (8, 2, data.num_params)

@@ -319,8 +319,8 @@ def test_unimplemented_attention_layouts_are_refused(cfg, pc, match):
 
 
 def test_parallelizing_directly_refuses_too():
-    from minidist.parallel.context_parallel import context_parallelize
-    from minidist.parallel.tensor_parallel_model import tensor_parallelize
+    from minidist.parallel.context.context_parallel import context_parallelize
+    from minidist.parallel.tensor.tensor_parallel_model import tensor_parallelize
 
     with pytest.raises(ValueError, match="context_parallelize: the model uses sliding-window attention"):
         context_parallelize(nn.GPT(WINDOWED), cp=None)

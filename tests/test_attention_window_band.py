@@ -15,7 +15,7 @@ import pytest
 
 import minidist as md
 from minidist.autograd import cost as _cost
-from minidist.parallel import ParallelConfig
+from minidist.parallel import Backend, ParallelConfig
 from tests.gradcheck import gradcheck
 
 sdpa = md.nn.functional.scaled_dot_product_attention
@@ -151,7 +151,7 @@ def test_a_windowed_model_runs_shape_only_and_measures_what_the_data_run_measure
     cfg = md.GPTConfig(vocab_size=48, seq_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, window=5)
     for pc in (ParallelConfig(), ParallelConfig(tp=2, recompute="full")):
         data = md.parallel.train(cfg, pc, steps=2, global_batch=2)
-        shapes = md.parallel.train(cfg, pc, steps=2, global_batch=2, shape_only=True, backend="inprocess")
+        shapes = md.parallel.train(cfg, pc, steps=2, global_batch=2, backend=Backend("inprocess", shape_only=True))
         assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
         assert shapes.memory == data.memory and shapes.peak_breakdown == data.peak_breakdown
         assert all(np.isnan(shapes.losses)) and np.isfinite(data.losses).all()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig
+from minidist.parallel import ParallelConfig, Resilience
 from minidist.resilience import CheckpointError, committed, latest, read, seal, store
 from minidist.resilience.store import DIGEST, manifest_digest, write_rank
 
@@ -27,7 +27,7 @@ DP2 = ParallelConfig(dp=2)
 
 
 def _checkpoints(root, steps: int = 3, **kw):
-    return md.parallel.train(DENSE, DP2, steps=steps, global_batch=4, checkpoint_dir=root, checkpoint_every=1, **kw)
+    return md.parallel.train(DENSE, DP2, steps=steps, global_batch=4, resilience=Resilience(root, every=1), **kw)
 
 
 def _manifest_path(root, step: int) -> Path:
@@ -51,7 +51,7 @@ def _edit(manifest: dict, change, reseal: bool) -> dict:
 def _resume(root, steps: int = 5, **kw):
     # pytest.warns hands back the warnings it does not match, so pyproject's filter of the fork warning would not apply
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="multiprocess.popen_fork")
-    return md.parallel.train(DENSE, DP2, steps=steps, global_batch=4, checkpoint_dir=root, resume=True, **kw)
+    return md.parallel.train(DENSE, DP2, steps=steps, global_batch=4, resilience=Resilience(root, resume=True), **kw)
 
 
 def _bitwise(a, b) -> bool:
@@ -153,8 +153,8 @@ def test_with_every_checkpoint_unusable_resume_refuses_unless_told_to_start_over
         _resume(tmp_path)
     assert committed(tmp_path) == [2, 3]  # refused, nothing moved
     with pytest.warns(UserWarning, match="starting over from step 0.*step_00000003.unusable"):
-        got = md.parallel.train(DENSE, DP2, steps=2, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=1,
-                                resume="or-start-over")
+        got = md.parallel.train(DENSE, DP2, steps=2, global_batch=4,
+                                resilience=Resilience(tmp_path, every=1, resume="or-start-over"))
     assert _bitwise(got, md.parallel.train(DENSE, DP2, steps=2, global_batch=4))
     # the broken ones are kept for inspection, out of the way: the new run's checkpoints are not pruned for them
     assert committed(tmp_path) == [1, 2]
@@ -166,7 +166,7 @@ def test_resume_in_an_empty_or_missing_directory_starts_from_step_0(tmp_path):
     ref = md.parallel.train(DENSE, DP2, steps=2, global_batch=4)
     assert _bitwise(_resume(tmp_path / "missing", steps=2), ref)
     with pytest.raises(ValueError, match="resume must be True, False or 'or-start-over', got 'yes'"):
-        md.parallel.train(DENSE, DP2, steps=2, global_batch=4, checkpoint_dir=tmp_path, resume="yes")
+        md.parallel.train(DENSE, DP2, steps=2, global_batch=4, resilience=Resilience(tmp_path, resume="yes"))
 
 
 @pytest.mark.parametrize("steps", [2, 3])
@@ -212,7 +212,7 @@ def test_a_run_whose_checkpoint_write_fails_says_where_and_removes_its_tmp(async
     _checkpoints(tmp_path, steps=2, backend="inprocess")
     monkeypatch.setattr(store, "open", _FullDisk(1), raising=False)
     with pytest.raises(md.RankError, match=r"could not write rank_00001\.npz in .*\.step_00000003\.tmp.*No space"):
-        md.parallel.train(DENSE, DP2, steps=4, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=1,
-                          async_checkpoint=async_, resume=True, backend="inprocess")
+        md.parallel.train(DENSE, DP2, steps=4, global_batch=4,
+                          resilience=Resilience(tmp_path, every=1, async_=async_, resume=True), backend="inprocess")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002"]  # no .tmp left
     assert latest(tmp_path)[0]["step"] == 2

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import AdamW, ParallelConfig, Precision, Resilience, train
 from minidist.parallel.rank_state import merge_loop
 from minidist.resilience import Faults, latest
 from minidist.runtime import RankError
@@ -23,7 +23,7 @@ BIAS = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2,
                     aux_loss_coef=0.0, moe_balance="bias", bias_update=0.05)
 # lr=1 makes fp16 gradients overflow at steps 3 and 4: the scale backs off twice, so a resumed run that restarted
 # the scaler would scale (and skip) differently
-FP16 = dict(precision="fp16", lr=1.0)
+FP16 = dict(precision=Precision("fp16"), optimizer=AdamW(lr=1.0))
 STEPS = 6
 
 
@@ -46,12 +46,12 @@ IDS = ["fp16-dp2", "fp16-zero1", "bias-dp2", "bias-dp2-ep2"]
 
 @pytest.mark.parametrize("cfg, pc, kw", CASES, ids=IDS)
 def test_a_run_resumed_from_step_k_is_the_uninterrupted_run(cfg, pc, kw, tmp_path):
-    ref = train(cfg, pc, steps=STEPS, global_batch=8, checkpoint_dir=tmp_path / "ref", checkpoint_every=2, **kw)
+    ref = train(cfg, pc, steps=STEPS, global_batch=8, resilience=Resilience(tmp_path / "ref", every=2), **kw)
     if kw:
         assert ref.skipped_steps == 2 and len(set(ref.loss_scales)) == 3  # the scale moved before the checkpoint
-    train(cfg, pc, steps=4, global_batch=8, checkpoint_dir=tmp_path / "run", checkpoint_every=2, **kw)
-    got = train(cfg, pc, steps=STEPS, global_batch=8, checkpoint_dir=tmp_path / "run", checkpoint_every=2,
-                resume=True, **kw)
+    train(cfg, pc, steps=4, global_batch=8, resilience=Resilience(tmp_path / "run", every=2), **kw)
+    got = train(cfg, pc, steps=STEPS, global_batch=8, resilience=Resilience(tmp_path / "run", every=2, resume=True),
+                **kw)
     same(got, ref)
     if cfg is BIAS:  # the biases moved, and the resumed run moved them exactly as the uninterrupted one
         want = route_biases(tmp_path / "ref")
@@ -62,8 +62,9 @@ def test_a_run_resumed_from_step_k_is_the_uninterrupted_run(cfg, pc, kw, tmp_pat
 @pytest.mark.parametrize("cfg, pc, kw", [CASES[0], CASES[3]], ids=[IDS[0], IDS[3]])
 def test_an_injected_failure_restarts_into_the_uninterrupted_run(cfg, pc, kw, tmp_path):
     ref = train(cfg, pc, steps=STEPS, global_batch=8, **kw)
-    got = train(cfg, pc, steps=STEPS, global_batch=8, checkpoint_dir=tmp_path, checkpoint_every=2,
-                faults=Faults(kill=((pc.world_size - 1, 5),)), restart=True, **kw)
+    got = train(cfg, pc, steps=STEPS, global_batch=8,
+                resilience=Resilience(tmp_path, every=2, restart=True, faults=Faults(kill=((pc.world_size - 1, 5),))),
+                **kw)
     same(got, ref)
     assert [(f["rank"], f["step"]) for f in got.failures] == [(pc.world_size - 1, 5)]
 
@@ -71,9 +72,10 @@ def test_an_injected_failure_restarts_into_the_uninterrupted_run(cfg, pc, kw, tm
 def test_an_in_place_rollback_restores_the_loss_scale(tmp_path):
     pc = ParallelConfig(dp=2)
     ref = train(DENSE, pc, steps=8, global_batch=8, **FP16)
-    probe = train(DENSE, pc, steps=8, global_batch=8, checkpoint_dir=tmp_path / "p", checkpoint_every=2, **FP16)
-    got = train(DENSE, pc, steps=8, global_batch=8, checkpoint_dir=tmp_path / "r", checkpoint_every=2,
-                faults=Faults(mtbf=probe.total_time / 3, seed=3, in_place=True), restart=True, **FP16)
+    probe = train(DENSE, pc, steps=8, global_batch=8, resilience=Resilience(tmp_path / "p", every=2), **FP16)
+    got = train(DENSE, pc, steps=8, global_batch=8,
+                resilience=Resilience(tmp_path / "r", every=2, restart=True,
+                                      faults=Faults(mtbf=probe.total_time / 3, seed=3, in_place=True)), **FP16)
     assert len(got.failures) >= 1
     same(got, ref)
 
@@ -97,8 +99,8 @@ def test_a_rank_that_really_dies_restarts_into_the_uninterrupted_run(checkpoints
     pc = ParallelConfig(dp=2)
     ref = train(DENSE, pc, steps=STEPS, global_batch=8)
     monkeypatch.setattr(TRAIN, "get_batch", _dies_once(str(tmp_path / "died"), 1, 3))
-    kw = dict(checkpoint_dir=tmp_path / "ck", checkpoint_every=2) if checkpoints else {}
-    got = train(DENSE, pc, steps=STEPS, global_batch=8, restart=True, **kw)
+    kw = dict(checkpoint_dir=tmp_path / "ck", every=2) if checkpoints else {}
+    got = train(DENSE, pc, steps=STEPS, global_batch=8, resilience=Resilience(restart=True, **kw))
     assert (tmp_path / "died").exists()
     same(got, ref)
     assert [(f["rank"], f["step"]) for f in got.failures] == [(1, None)]
@@ -116,4 +118,4 @@ def test_a_rank_that_raises_is_an_error_even_with_restart(monkeypatch):
         raise ZeroDivisionError("a bug in the rank's code")
     monkeypatch.setattr(TRAIN, "get_batch", broken)
     with pytest.raises(RankError, match="a bug in the rank's code"):
-        train(DENSE, ParallelConfig(dp=2), steps=3, global_batch=8, restart=True)
+        train(DENSE, ParallelConfig(dp=2), steps=3, global_batch=8, resilience=Resilience(restart=True))

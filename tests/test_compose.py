@@ -24,7 +24,7 @@ import minidist as md
 import minidist.parallel.config as config_module
 from minidist.collectives import known_algorithms
 from minidist.data import get_batch, load_tokens
-from minidist.parallel import ParallelConfig
+from minidist.parallel import AdamW, ParallelConfig
 
 TOL = 1e-10
 DENSE = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
@@ -208,7 +208,8 @@ def test_an_expert_no_token_reaches_is_not_updated_on_one_device_or_many():
     assert any(idle[s] - idle[t] for s in range(4) for t in range(s)), "no expert went idle after training"
     plain = {k: p.data for k, p in model.named_parameters()}
     for layout in ({}, {"dp": 2}, {"ep": 2}, {"ep": 2, "zero_stage": 3}, {"dp": 2, "fsdp": True}):
-        got = md.parallel.train(cfg, ParallelConfig(**layout), steps=4, global_batch=2, lr=1e-2, weight_decay=0.1)
+        got = md.parallel.train(cfg, ParallelConfig(**layout), steps=4, global_batch=2,
+                                optimizer=AdamW(lr=1e-2, weight_decay=0.1))
         assert max(abs(a - b) for a, b in zip(got.losses, losses)) < TOL, layout
         assert max(float(np.abs(got.params[k] - plain[k]).max()) for k in plain) < TOL, layout
 
@@ -262,7 +263,7 @@ def test_parallelize_is_the_one_place_and_its_loop_is_train_s():
 
     def rank():
         from minidist.parallel import build_mesh, parallelize
-        from minidist.parallel.flat_optim import FlatOptimizer
+        from minidist.parallel.data.flat_optim import FlatOptimizer
         from minidist.parallel.memory import state_bytes_per_param
 
         cfg = md.GPTConfig(**{**DENSE.__dict__, "dtype": "float64"})

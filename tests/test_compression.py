@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import DGC, QSGD, ParallelConfig, PowerSGD, Quantize, TernGrad, TopK, train
+from minidist.parallel import DGC, QSGD, SGD, Backend, ParallelConfig, PowerSGD, Quantize, TernGrad, TopK, train
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 
@@ -154,10 +154,10 @@ def test_dgc_momentum_correction_trains_like_dense_momentum_sgd():
 def test_every_compressor_charges_the_same_shape_only(c):
     """A payload's size depends on the bucket's size only (top-k sends ceil(ratio n) entries whichever they are), so
     a run without values sends the same collectives: the same step time, memory and bytes as the run with values."""
-    kw = dict(steps=2, global_batch=8, optimizer="sgd" if isinstance(c, DGC) else "adamw", momentum=0.0)
+    kw = dict(steps=2, global_batch=8, optimizer=SGD(momentum=0.0) if isinstance(c, DGC) else "adamw")
     pc = ParallelConfig(dp=2, bucket_bytes=4096, compression=c)  # several buckets, each compressed on its own
     data = train(CFG, pc, **kw)
-    shapes = train(CFG, pc, shape_only=True, backend="inprocess", **kw)
+    shapes = train(CFG, pc, backend=Backend("inprocess", shape_only=True), **kw)
     assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
     assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
     assert 0 < data.comm_bytes[-1][0] < train(CFG, ParallelConfig(dp=2, bucket_bytes=4096), **kw).comm_bytes[-1][0]

@@ -13,8 +13,8 @@ import minidist as md
 from minidist.autograd import cost
 from minidist.autograd import functional as F
 from minidist.nn import repeat_kv
-from minidist.parallel.context_parallel import CPGroup, ring_attention, ulysses_attention
-from minidist.parallel.online_softmax import (
+from minidist.parallel.context.context_parallel import CPGroup, ring_attention, ulysses_attention
+from minidist.parallel.context.online_softmax import (
     block_state,
     blockwise_attention,
     causal_relation,

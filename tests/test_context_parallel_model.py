@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import context_parallel as cpm
+from minidist.parallel.context import context_parallel as cpm
 
 CFG = md.GPTConfig(vocab_size=40, seq_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, dtype="float64")
 STEPS, BATCH = 3, 2

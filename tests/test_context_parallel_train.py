@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import AdamW, ParallelConfig, train
 
 DENSE = md.GPTConfig(vocab_size=48, seq_len=16, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2)
 MOE = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2, n_experts=4, top_k=2,
@@ -25,7 +25,8 @@ _oracles: dict = {}
 def oracle(cfg):
     key = id(cfg)
     if key not in _oracles:
-        _oracles[key] = train(cfg, ParallelConfig(), steps=STEPS, global_batch=BATCH, lr=1e-2, weight_decay=0.01)
+        _oracles[key] = train(cfg, ParallelConfig(), steps=STEPS, global_batch=BATCH,
+                              optimizer=AdamW(lr=1e-2, weight_decay=0.01))
     return _oracles[key]
 
 
@@ -55,7 +56,7 @@ LAYOUTS = {
 def test_layout_equals_one_device(name):
     cfg, pc = LAYOUTS[name]
     ref = oracle(cfg)
-    res = train(cfg, pc, steps=STEPS, global_batch=BATCH, lr=1e-2, weight_decay=0.01)
+    res = train(cfg, pc, steps=STEPS, global_batch=BATCH, optimizer=AdamW(lr=1e-2, weight_decay=0.01))
     assert_same(res, ref)
     assert ref.losses[-1] < ref.losses[0]
 

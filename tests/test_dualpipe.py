@@ -10,9 +10,9 @@ import pytest
 
 import minidist as md
 from minidist.parallel import ParallelConfig, train
-from minidist.parallel.pipeline import measure_schedule
-from minidist.parallel.schedule_walk import check_schedule, simulate
-from minidist.parallel.schedules import ScheduleError, bubble_fraction, make_schedule, rank_of, virtual_stage
+from minidist.parallel.pipeline.executor import measure_schedule
+from minidist.parallel.pipeline.schedule_walk import check_schedule, simulate
+from minidist.parallel.pipeline.schedules import ScheduleError, bubble_fraction, make_schedule, rank_of, virtual_stage
 
 
 def test_the_v_placement_goes_down_and_back_up():

@@ -112,7 +112,7 @@ def test_op_list_is_the_autograd_charge_list(tp):
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
 def test_stage_orders_are_the_runtime_schedules(schedule, v):
     from minidist.estimate.pipeline import stage_orders
-    from minidist.parallel.schedules import make_schedule
+    from minidist.parallel.pipeline.schedules import make_schedule
 
     for p, m in [(2, 1), (2, 4), (3, 3), (4, 8)]:
         if schedule == "interleaved" and m > p and m % p:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.nn.moe import MoE
-from minidist.parallel.expert_parallel import EPGroup, expert_parallelize, is_expert_param
+from minidist.nn.moe import MoE, is_expert_param
+from minidist.parallel.expert.expert_parallel import EPGroup, expert_parallelize
 
 D, FF, ROWS = 8, 12, 6
 TOL = dict(rtol=1e-10, atol=1e-12)
@@ -167,7 +167,7 @@ def test_errors():
 
 def _token_exchange_kind():
     from minidist.autograd.shape_only import ShapeArray, empty
-    from minidist.parallel.expert_parallel import EPGroup, _all_to_all
+    from minidist.parallel.expert.expert_parallel import EPGroup, _all_to_all
 
     return isinstance(_all_to_all(empty((6, 4), np.float32), [3, 3], [3, 3], EPGroup.of()), ShapeArray)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import ParallelConfig, Resilience, train
 
 DENSE = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 LAYOUTS = {"ring-dp4": ParallelConfig(dp=4, algorithm="ring"), "zero1-dp3": ParallelConfig(dp=3, zero_stage=1),
@@ -27,8 +27,8 @@ def test_step_0_takes_as_long_as_step_1(pc):
 
 def test_a_resumed_run_times_its_first_step_like_the_others(tmp_path):
     pc = LAYOUTS["zero1-dp3"]
-    ref = train(DENSE, pc, steps=4, global_batch=12, checkpoint_dir=tmp_path / "ref", checkpoint_every=2)
-    train(DENSE, pc, steps=2, global_batch=12, checkpoint_dir=tmp_path / "run", checkpoint_every=2)
-    got = train(DENSE, pc, steps=4, global_batch=12, checkpoint_dir=tmp_path / "run", checkpoint_every=2, resume=True)
+    ref = train(DENSE, pc, steps=4, global_batch=12, resilience=Resilience(tmp_path / "ref", every=2))
+    train(DENSE, pc, steps=2, global_batch=12, resilience=Resilience(tmp_path / "run", every=2))
+    got = train(DENSE, pc, steps=4, global_batch=12, resilience=Resilience(tmp_path / "run", every=2, resume=True))
     assert got.time[2] == pytest.approx(got.time[3], rel=1e-9)  # its setup: the broadcast and the checkpoint's read
     assert got.time[:2] == ref.time[:2] and got.time[3] == pytest.approx(ref.time[3], rel=1e-9)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import Backend, ParallelConfig, Resilience, train
 from minidist.profiling import investigate
 from minidist.resilience import Faults
 
@@ -14,8 +14,8 @@ WIDE = md.GPTConfig(vocab_size=64, seq_len=32, d_model=128, n_layers=4, n_heads=
 PIPE = md.GPTConfig(vocab_size=512, seq_len=16, d_model=32, n_layers=4, n_heads=4)
 SCENARIOS = {
     "healthy": (WIDE, ParallelConfig(dp=4), {}, []),
-    "straggler": (WIDE, ParallelConfig(dp=4, bucket_bytes=4e5), dict(faults=Faults(slow={2: 1.5})),
-                  [("straggler", 2)]),
+    "straggler": (WIDE, ParallelConfig(dp=4, bucket_bytes=4e5),
+                  dict(resilience=Resilience(faults=Faults(slow={2: 1.5}))), [("straggler", 2)]),
     "slow link": (WIDE, ParallelConfig(dp=4, bucket_bytes=4e5, algorithm="ring"),
                   dict(cluster=md.Cluster(slow_links={(1, 2): 8})), [("slow link", (1, 2))]),
     "small buckets": (WIDE, ParallelConfig(dp=4, bucket_bytes=2e4), {},
@@ -43,7 +43,7 @@ def test_each_injected_fault_is_found_by_the_procedure(name):
 
 def test_triage_against_the_prediction():
     pc = ParallelConfig(dp=2)
-    r = train(WIDE, pc, steps=2, global_batch=16, faults=Faults(slow={1: 2.0}))
+    r = train(WIDE, pc, steps=2, global_batch=16, resilience=Resilience(faults=Faults(slow={1: 2.0})))
     predicted = md.estimate.predict_train(WIDE, pc, 16).step_time
     rep = investigate(r, predicted_step=predicted)
     assert rep.slowdown > 0.2 and "against the prediction" in rep.lines()[0]
@@ -51,7 +51,8 @@ def test_triage_against_the_prediction():
 
 def test_a_hung_rank_is_named_from_the_timeout_report():
     with pytest.raises(md.runtime.RankError) as info:
-        train(WIDE, ParallelConfig(dp=4), steps=2, global_batch=16, faults=Faults(hang={2: 1}), timeout=2)
+        train(WIDE, ParallelConfig(dp=4), steps=2, global_batch=16, resilience=Resilience(faults=Faults(hang={2: 1})),
+              backend=Backend(timeout=2))
     rep = investigate(info.value)
     assert [(kind, subject) for kind, subject, _ in rep.causes] == [("hung rank", 2)], rep.lines()
     assert rep.step is None and "timeout" in rep.lines()[1] and "stack" in rep.fixes[0]
@@ -102,9 +103,10 @@ def test_mystery_runs_are_drawn_from_the_seed():
 
 def test_a_memory_spike_is_held_through_the_step_on_one_rank_only():
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
-    kw = dict(steps=2, global_batch=8, backend="inprocess", shape_only=True)  # timing-only faults run shape-only
+    # timing-only faults run shape-only
+    kw = dict(steps=2, global_batch=8, backend=Backend("inprocess", shape_only=True))
     plain = train(cfg, ParallelConfig(dp=2), **kw)
-    spiked = train(cfg, ParallelConfig(dp=2), faults=Faults(spike={1: 1e6}), **kw)
+    spiked = train(cfg, ParallelConfig(dp=2), resilience=Resilience(faults=Faults(spike={1: 1e6})), **kw)
     assert spiked.peak_memory[0] == plain.peak_memory[0]
     assert spiked.peak_memory[1] == pytest.approx(plain.peak_memory[1] + 1e6)
     assert spiked.time == plain.time and spiked.peak_breakdown[1]["buffers"] >= 1e6
@@ -112,6 +114,6 @@ def test_a_memory_spike_is_held_through_the_step_on_one_rank_only():
     with pytest.raises(ValueError, match="spike maps a rank"):
         Faults(spike={0: -1.0})
     with pytest.raises(ValueError, match="outside the 2 ranks"):
-        train(cfg, ParallelConfig(dp=2), faults=Faults(spike={2: 1.0}), **kw)
+        train(cfg, ParallelConfig(dp=2), resilience=Resilience(faults=Faults(spike={2: 1.0})), **kw)
     with pytest.raises(ValueError, match="cannot checkpoint, restart"):
-        train(cfg, ParallelConfig(dp=2), faults=Faults(kill=((0, 1),)), **kw)
+        train(cfg, ParallelConfig(dp=2), resilience=Resilience(faults=Faults(kill=((0, 1),))), **kw)

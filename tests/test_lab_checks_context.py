@@ -8,7 +8,7 @@ import pytest
 import minidist as md
 from minidist.labs import CheckFailed
 from minidist.labs.context_checks import check_cp_volumes, check_ring_attention, check_softmax_merge
-from minidist.parallel.online_softmax import block_state, finalize
+from minidist.parallel.context.online_softmax import block_state, finalize
 
 
 def good_merge(a, b):

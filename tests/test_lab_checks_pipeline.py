@@ -107,8 +107,8 @@ def test_an_action_outside_the_micro_batches_is_not_blamed_on_the_books_warm_up(
 
 def test_walk_schedule_accepts_the_executors_walk_and_names_the_closed_form():
     from minidist.labs.pipeline_checks import _walk
-    from minidist.parallel import schedules as S
-    from minidist.parallel.schedule_walk import simulate
+    from minidist.parallel.pipeline import schedules as S
+    from minidist.parallel.pipeline.schedule_walk import simulate
 
     # the reference walk is the executor's: same span and bubble, messages included
     for name, p, m, F, B, comm in [("1f1b", 4, 6, 0.7, 1.9, 0.2), ("gpipe", 3, 5, 1.0, 2.0, 0.1)]:

@@ -9,6 +9,7 @@ import pytest
 
 import minidist as md
 from minidist.labs import CheckFailed
+from minidist.parallel import Backend, Precision
 
 
 def _max(e, m, ieee):
@@ -191,8 +192,8 @@ def test_the_measured_step_reference_is_the_simulators_step():
     cfg = md.GPTConfig(vocab_size=64, seq_len=64, d_model=256, n_layers=1, n_heads=4)
     kernels = None
     for precision in (None, "bf16", "fp8"):  # the fp32 run first: its kernels are the list graded
-        run = train(cfg, steps=1, global_batch=16, dtype="float32", shape_only=True, backend="inprocess",
-                    precision=precision, cluster=cluster)
+        run = train(cfg, steps=1, global_batch=16, dtype="float32", backend=Backend("inprocess", shape_only=True),
+                    precision=Precision(precision), cluster=cluster)
         kernels = kernels or list(listed)
         want = _measured_step(kernels, precision or "fp32", cluster.gpu, km)
         assert run.time[-1] == pytest.approx(want, rel=1e-12)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import DiLoCo, LocalSGD, ParallelConfig, evaluate, train, train_local
+from minidist.parallel import AdamW, DiLoCo, LocalSGD, ParallelConfig, evaluate, train, train_local
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 TOKENS = md.data.load_tokens(20_000)[0] % 48
@@ -59,7 +59,7 @@ def test_the_clock_of_every_step_is_kept_and_threads_give_the_same_run():
 def test_diloco_every_50_steps_reaches_synchronous_loss_with_50x_fewer_bytes():
     steps, p = 1000, 2
     sync = train(CFG, ParallelConfig(dp=p, bucket_bytes=1e9, algorithm="ring"), steps=steps, global_batch=16,
-                 lr=3e-3, data=TOKENS)
+                 optimizer=AdamW(lr=3e-3), data=TOKENS)
     diloco = train_local(CFG, p, DiLoCo(50), steps, 8, lr=3e-3, data=TOKENS)
     base, mine = evaluate(CFG, sync.params, data=TOKENS), evaluate(CFG, diloco.params, data=TOKENS)
     assert mine < base * 1.05, (mine, base)

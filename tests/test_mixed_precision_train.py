@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import AdamW, Backend, ParallelConfig, Precision, train
 from minidist.parallel.mixed_precision import unscale_and_agree
 from minidist.precision import LossScaler
 
@@ -16,7 +16,7 @@ LAYOUTS = {"1 device": ParallelConfig(), "dp2 ZeRO-1": ParallelConfig(dp=2, zero
            "dp2 x tp2": ParallelConfig(dp=2, tp=2), "pp2 x2": ParallelConfig(pp=2, microbatches=2),
            "dp2 ZeRO-3": ParallelConfig(dp=2, zero_stage=3)}
 QUICK = ("dp2 ZeRO-1", "pp2 x2")  # make test; the others run in make test-slow
-RUN = dict(steps=12, global_batch=4, dtype="float32", lr=3e-3)
+RUN = dict(steps=12, global_batch=4, dtype="float32", optimizer=AdamW(lr=3e-3))
 
 
 @pytest.mark.parametrize("name", [n if n in QUICK else pytest.param(n, marks=pytest.mark.slow) for n in LAYOUTS])
@@ -24,7 +24,7 @@ def test_each_layout_trains_in_low_precision_like_fp32_with_2_2_12_bytes(name):
     pc = LAYOUTS[name]
     base = train(CFG, pc, **RUN)
     for precision in ("bf16", "fp16", "fp8"):
-        r = train(CFG, pc, precision=precision, **RUN)
+        r = train(CFG, pc, precision=Precision(precision), **RUN)
         assert abs(r.losses[-1] / base.losses[-1] - 1) < 0.02, (precision, r.losses[-1], base.losses[-1])
         assert r.losses != base.losses  # the products really were rounded
         assert r.state_bytes == {"params": 2, "grads": 2, "optimizer": 12}
@@ -36,8 +36,8 @@ def test_each_layout_trains_in_low_precision_like_fp32_with_2_2_12_bytes(name):
 
 def test_a_static_scale_that_always_overflows_skips_every_step_on_every_rank():
     pc = ParallelConfig(dp=2, zero_stage=1)
-    frozen = train(CFG, pc, **{**RUN, "lr": 0.0})
-    r = train(CFG, pc, precision="fp16", loss_scale=2.0**60, **RUN)
+    frozen = train(CFG, pc, **{**RUN, "optimizer": AdamW(lr=0.0)})
+    r = train(CFG, pc, precision=Precision("fp16", loss_scale=2.0**60), **RUN)
     assert r.skipped_steps == RUN["steps"] and r.loss_scales == [2.0**60] * RUN["steps"]
     assert all(np.array_equal(r.params[k], frozen.params[k]) for k in frozen.params)
 
@@ -59,11 +59,11 @@ def test_ranks_agree_to_skip_when_only_one_rank_overflows():
 
 def test_bad_precision_arguments_are_named():
     with pytest.raises(ValueError, match="precision must be None or one of"):
-        train(CFG, precision="fp4")
+        train(CFG, precision=Precision("fp4"))
     with pytest.raises(ValueError, match="loss_scale needs a low precision"):
-        train(CFG, loss_scale=1024.0)
+        train(CFG, precision=Precision(loss_scale=1024.0))
     with pytest.raises(ValueError, match="loss_scale must be None, 'dynamic' or a positive number"):
-        train(CFG, precision="fp16", loss_scale=-1.0)
+        train(CFG, precision=Precision("fp16", loss_scale=-1.0))
 
 
 def test_the_clock_charges_the_formats_bytes_and_peaks_so_fp8_gains_only_where_products_dominate():
@@ -83,10 +83,10 @@ def test_the_clock_charges_the_formats_bytes_and_peaks_so_fp8_gains_only_where_p
     gains = {}
     for d in (32, 1024):
         cfg = md.GPTConfig(vocab_size=64, seq_len=128, d_model=d, n_layers=1, n_heads=d // 32)
-        run = dict(steps=1, global_batch=32, dtype="float32", shape_only=True, backend="inprocess")
+        run = dict(steps=1, global_batch=32, dtype="float32", backend=Backend("inprocess", shape_only=True))
         fp32 = train(cfg, **run)
         ops = [(e.name, e.flops, e.nbytes) for e in fp32.trace.filter(rank=0, stream="compute")]
-        times = {p: train(cfg, precision=p, **run).time[-1] for p in ("bf16", "fp8")}
+        times = {p: train(cfg, precision=Precision(p), **run).time[-1] for p in ("bf16", "fp8")}
         for p, t in times.items():
             assert t == pytest.approx(predict(ops, p), rel=1e-9)
         gains[d] = (fp32.time[-1] / times["bf16"], times["bf16"] / times["fp8"])
@@ -96,9 +96,10 @@ def test_the_clock_charges_the_formats_bytes_and_peaks_so_fp8_gains_only_where_p
 
 def test_bf16_gradients_halve_the_data_parallel_traffic():
     cfg = md.GPTConfig(vocab_size=64, seq_len=64, d_model=128, n_layers=1, n_heads=4)
-    run = dict(steps=1, global_batch=8, dtype="float32", shape_only=True, backend="inprocess")
-    sent = {p: train(cfg, ParallelConfig(dp=2), precision=p, **run).comm_bytes[-1] for p in (None, "bf16", "fp8")}
+    run = dict(steps=1, global_batch=8, dtype="float32", backend=Backend("inprocess", shape_only=True))
+    sent = {p: train(cfg, ParallelConfig(dp=2), precision=Precision(p), **run).comm_bytes[-1]
+            for p in (None, "bf16", "fp8")}
     assert sent["bf16"] == sent["fp8"] == [b / 2 for b in sent[None]]
-    half = train(md.GPTConfig(**{**vars(cfg), "dtype": "float16"}), ParallelConfig(dp=2), precision="bf16",
+    half = train(md.GPTConfig(**{**vars(cfg), "dtype": "float16"}), ParallelConfig(dp=2), precision=Precision("bf16"),
                  **{**run, "dtype": "float16"}).comm_bytes[-1]
     assert half == sent["bf16"]  # a 2-byte working dtype already sends 2 bytes a number: nothing to scale

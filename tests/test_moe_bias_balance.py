@@ -8,7 +8,7 @@ import pytest
 
 import minidist as md
 from minidist.nn.moe import MoE, update_route_bias
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import ParallelConfig, Resilience, train
 
 
 def test_the_bias_chooses_but_does_not_weight():
@@ -65,8 +65,8 @@ def test_a_run_resumed_from_a_checkpoint_routes_by_the_saved_biases(tmp_path):
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=1, n_heads=2, n_experts=4,
                        aux_loss_coef=0.0, moe_balance="bias", bias_update=0.05)
     ref = train(cfg, ParallelConfig(), steps=4, global_batch=4)
-    train(cfg, ParallelConfig(), steps=2, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=1)
-    got = train(cfg, ParallelConfig(), steps=4, global_batch=4, checkpoint_dir=tmp_path, resume=True)
+    train(cfg, ParallelConfig(), steps=2, global_batch=4, resilience=Resilience(tmp_path, every=1))
+    got = train(cfg, ParallelConfig(), steps=4, global_batch=4, resilience=Resilience(tmp_path, resume=True))
     assert got.losses == ref.losses and all(np.array_equal(got.params[k], ref.params[k]) for k in ref.params)
 
 

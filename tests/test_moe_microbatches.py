@@ -16,7 +16,7 @@ import pytest
 
 import minidist as md
 from minidist.nn.moe import MoE, begin_step, step_stats
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import Backend, ParallelConfig, train
 
 TOL = 1e-12
 # 4 blocks: pp=2 x 2 chunks (interleaved, DualPipeV); capacity 1.0 with top-2 drops tokens, and the router losses
@@ -154,6 +154,7 @@ def test_a_shape_only_run_with_micro_batches_lets_one_rank_stand_for_its_peers()
     cfg = md.GPTConfig(vocab_size=48, seq_len=16, d_model=16, n_layers=4, n_heads=4, n_experts=4, top_k=2, d_ff=16,
                        expert_load="balanced", shared_expert=True, kv_latent=8)
     pc = ParallelConfig(pp=2, ep=2, dp=2, microbatches=4, **SCHEDULES["dualpipev"])
-    kw = dict(steps=1, global_batch=16, shape_only=True, backend="inprocess")
-    every, some = (train(cfg, pc, representatives=r, **kw) for r in (False, True))
+    kw = dict(steps=1, global_batch=16, backend=Backend("inprocess", shape_only=True))
+    every, some = (train(cfg, pc, **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=r)})
+                   for r in (False, True))
     assert list(some.time) == list(every.time) and list(some.peak_memory) == list(every.peak_memory)

@@ -15,8 +15,8 @@ import pytest
 import minidist as md
 import minidist.nn.moe as moe_module
 from minidist.nn.moe import planned_experts
-from minidist.parallel import ParallelConfig, train
-from minidist.parallel.context_parallel import CPGroup
+from minidist.parallel import Backend, ParallelConfig, train
+from minidist.parallel.context.context_parallel import CPGroup
 from minidist.parallel.parallelize import BatchShare
 
 TOL = 1e-12
@@ -135,7 +135,7 @@ def test_one_rank_stands_for_others_only_where_every_run_of_its_tokens_is_dealt_
     by the global index, a rank's tokens come in runs (its rows; each cp chunk of a sequence): each run's
     assignments must divide by the experts. Two chunks of 2 positions, 1 choice, 4 experts: cp rank 0 routes to
     experts 0 and 1 only, so ep rank 1 at that cp coordinate receives no rows and ep rank 0 all of them."""
-    kw = dict(steps=1, global_batch=4, shape_only=True, backend="inprocess")
+    kw = dict(steps=1, global_batch=4, backend=Backend("inprocess", shape_only=True))
 
     def cfg(seq_len):
         return md.GPTConfig(vocab_size=48, seq_len=seq_len, d_model=16, n_layers=1, n_heads=4, n_experts=4, top_k=1,
@@ -144,9 +144,10 @@ def test_one_rank_stands_for_others_only_where_every_run_of_its_tokens_is_dealt_
     uneven = ParallelConfig(cp=2, ep=2, cp_layout="contiguous")
     with pytest.raises(ValueError, match="stands for ep ranks only when every rank's experts receive the same rows.*"
                                          r"\(got expert_load='balanced', 2 assignments per run\)"):
-        train(cfg(4), uneven, representatives=True, **kw)
+        train(cfg(4), uneven, **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=True)})
     every = train(cfg(4), uneven, **kw)
     assert len(set(every.peak_memory[:2])) == 2  # the ep ranks at one cp coordinate differ: none can stand for both
     even = ParallelConfig(cp=2, ep=2)  # zigzag chunks of 4 positions: each deals every expert once
-    every, some = (train(cfg(16), even, representatives=r, **kw) for r in (False, True))
+    every, some = (train(cfg(16), even, **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=r)})
+                   for r in (False, True))
     assert some.time == every.time and list(some.peak_memory) == list(every.peak_memory)

@@ -28,6 +28,7 @@ import minidist as md
 import minidist.dist as dist
 from minidist.collectives import ALGORITHMS
 from minidist.hardware.cluster import Cluster
+from minidist.parallel import Resilience
 from minidist.runtime import RankError, ReduceOp, launch
 from minidist.runtime.mpi_launch import mpi_available, mpiexec_path, recorded_segments
 from tests.test_collectives_correctness import _world, data, reference
@@ -434,7 +435,7 @@ def test_backend_arguments_are_checked():
         launch(lambda: None, 2, backend="mpi", start_method="spawn")
     with pytest.raises(ValueError, match="faults and restarts"):
         md.parallel.train(md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2),
-                          restart=True, backend="mpi")
+                          resilience=Resilience(restart=True), backend="mpi")
 
 
 LAUNCHING = """

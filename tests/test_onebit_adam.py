@@ -9,7 +9,7 @@ import pytest
 
 import minidist as md
 from minidist.parallel import OneBitAdam, train_onebit_adam
-from minidist.parallel.onebit_adam import onebit_all_reduce
+from minidist.parallel.data.onebit_adam import onebit_all_reduce
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import SGD, AdamW, ParallelConfig, train
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=2)
 STEPS, BATCH = 3, 8
@@ -34,7 +34,7 @@ def assert_same(r, ref):
 
 def test_oracle_is_plain_training():
     """The one-device run is GPT.forward + backward + md.optim.AdamW, step by step."""
-    res = train(CFG, ParallelConfig(), steps=STEPS, global_batch=BATCH, lr=1e-3, weight_decay=0.01)
+    res = train(CFG, ParallelConfig(), steps=STEPS, global_batch=BATCH, optimizer=AdamW(lr=1e-3, weight_decay=0.01))
     tokens, _ = md.data.load_tokens(20_000, seed=0)
     model = md.GPT(md.GPTConfig(**{**CFG.__dict__, "dtype": "float64"}), seed=0)
     opt = md.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
@@ -95,10 +95,9 @@ def test_uneven_shards_are_weighted(pc):
 
 def test_tied_embeddings_and_sgd_under_data_parallelism():
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=1, n_heads=2, tie_embeddings=True)
-    for opt in ("adamw", "sgd"):
-        ref = train(cfg, ParallelConfig(), steps=2, global_batch=6, optimizer=opt, lr=0.05)
-        assert_same(train(cfg, ParallelConfig(dp=2, zero_stage=1), steps=2, global_batch=6, optimizer=opt, lr=0.05),
-                    ref)
+    for opt in (AdamW(lr=0.05), SGD(lr=0.05)):
+        ref = train(cfg, ParallelConfig(), steps=2, global_batch=6, optimizer=opt)
+        assert_same(train(cfg, ParallelConfig(dp=2, zero_stage=1), steps=2, global_batch=6, optimizer=opt), ref)
     # the tied matrix is one unit with the head under ZeRO-3 (and in FSDP's root), gathered until its backward
     ref = train(cfg, ParallelConfig(), steps=2, global_batch=6)
     for pc in (ParallelConfig(dp=2, zero_stage=3), ParallelConfig(dp=2, fsdp=True, recompute="full")):

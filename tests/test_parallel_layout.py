@@ -2,6 +2,8 @@
 
 Each strategy is a file that imports what it builds on, so the package's import graph is a DAG and a
 reader can open any file next to its lab. A function-level import is how a cycle hides; there are none.
+The package is a few modules at the top (the trainer's own) and one subpackage per family of strategies
+(``data``, ``tensor``, ``pipeline``, ``context``, ``expert``, ``asynchronous``); every check walks them all.
 """
 
 from __future__ import annotations
@@ -10,18 +12,37 @@ import ast
 from pathlib import Path
 
 PARALLEL = Path(__file__).resolve().parents[1] / "minidist" / "parallel"
-FILES = sorted(PARALLEL.glob("*.py"))
+FILES = sorted(PARALLEL.rglob("*.py"))
 MAX_LINES = 300
 LONG: set[str] = set()  # files allowed to be longer (none now)
+SUBPACKAGES = {"data", "tensor", "pipeline", "context", "expert", "asynchronous"}
+
+
+def module(path: Path) -> str:
+    """A file's name inside md.parallel: ``train``, ``data.zero``, ``pipeline`` (a subpackage's ``__init__``)."""
+    parts = path.relative_to(PARALLEL).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module(p) for p in FILES}
 
 
 def _imports(tree: ast.Module) -> set[str]:
-    """The md.parallel modules a file imports at its top level."""
+    """The md.parallel modules a file imports at its top level (``from package import module`` names the module)."""
     found = set()
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minidist.parallel."):
-            found.add(node.module.split(".")[2])
+            target = node.module[len("minidist.parallel."):]
+            for a in node.names:
+                found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in MODULES else target)
     return found
+
+
+def test_the_subpackages_are_walked():
+    assert {p.relative_to(PARALLEL).parts[0] for p in FILES if len(p.relative_to(PARALLEL).parts) > 1} == SUBPACKAGES
+    assert {"data.zero", "tensor.tensor_parallel", "pipeline.executor", "context.ulysses", "expert.expert_parallel",
+            "asynchronous.hogwild"} <= MODULES
+    assert all((PARALLEL / s / "__init__.py").exists() for s in SUBPACKAGES)
 
 
 def test_no_function_level_imports_of_the_package():
@@ -32,12 +53,13 @@ def test_no_function_level_imports_of_the_package():
                 for sub in ast.walk(fn):
                     if isinstance(sub, (ast.Import, ast.ImportFrom)) and (
                             getattr(sub, "module", "") or "").startswith("minidist"):
-                        inner.append(f"{path.name}:{sub.lineno}")
+                        inner.append(f"{path.relative_to(PARALLEL)}:{sub.lineno}")
     assert not inner, f"imports inside functions (move them to the top): {inner}"
 
 
 def test_the_import_graph_has_no_cycle():
-    graph = {p.stem: _imports(ast.parse(p.read_text())) - {p.stem} for p in FILES if p.stem != "__init__"}
+    graph = {module(p): _imports(ast.parse(p.read_text())) - {module(p)}
+             for p in FILES if p != PARALLEL / "__init__.py"}
     state: dict[str, int] = {}
 
     def visit(node, path):
@@ -55,6 +77,6 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_files_stay_short():
-    long = {p.name: len(p.read_text().splitlines()) for p in FILES}
+    long = {str(p.relative_to(PARALLEL)): len(p.read_text().splitlines()) for p in FILES}
     over = {name: n for name, n in long.items() if n > MAX_LINES and name not in LONG}
     assert not over, f"split these files (over {MAX_LINES} lines): {over}"

@@ -13,11 +13,11 @@ import pytest
 
 import minidist as md
 from minidist.parallel import ParallelConfig, train
-from minidist.parallel.pipeline import PipelineExecutor
-from minidist.parallel.pipeline_stages import stage_layout
-from minidist.parallel.schedule_walk import simulate
-from minidist.parallel.schedules import bubble_fraction, make_schedule
-from minidist.parallel.split_backward import WeightGradStore
+from minidist.parallel.pipeline.executor import PipelineExecutor
+from minidist.parallel.pipeline.schedule_walk import simulate
+from minidist.parallel.pipeline.schedules import bubble_fraction, make_schedule
+from minidist.parallel.pipeline.split_backward import WeightGradStore
+from minidist.parallel.pipeline.stages import stage_layout
 
 CFG = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=8, n_heads=2)
 SMALL = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=2)

@@ -12,9 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidist as md
-from minidist.parallel.pipeline_stages import partition, stage_layout
-from minidist.parallel.schedule_walk import check_schedule, simulate
-from minidist.parallel.schedules import (
+from minidist.parallel.pipeline.schedule_walk import check_schedule, simulate
+from minidist.parallel.pipeline.schedules import (
     Action,
     Schedule,
     ScheduleError,
@@ -26,6 +25,7 @@ from minidist.parallel.schedules import (
     with_communication,
     zb_h1,
 )
+from minidist.parallel.pipeline.stages import partition, stage_layout
 
 CASES = [(name, p, m, v) for name, v in (("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2),
                                            ("interleaved", 3))

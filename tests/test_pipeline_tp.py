@@ -18,13 +18,13 @@ import pytest
 
 import minidist as md
 from minidist.parallel import ParallelConfig, train
-from minidist.parallel.pipeline import PipelineExecutor
-from minidist.parallel.pipeline_stages import stage_layout
-from minidist.parallel.schedule_walk import simulate
-from minidist.parallel.schedules import bubble_fraction, make_schedule
-from minidist.parallel.split_backward import WeightGradStore
-from minidist.parallel.tensor_parallel import TPGroup
-from minidist.parallel.tensor_parallel_model import tensor_parallelize
+from minidist.parallel.pipeline.executor import PipelineExecutor
+from minidist.parallel.pipeline.schedule_walk import simulate
+from minidist.parallel.pipeline.schedules import bubble_fraction, make_schedule
+from minidist.parallel.pipeline.split_backward import WeightGradStore
+from minidist.parallel.pipeline.stages import stage_layout
+from minidist.parallel.tensor.tensor_parallel import TPGroup
+from minidist.parallel.tensor.tensor_parallel_model import tensor_parallelize
 from tests.test_pipeline import BATCH, SCHEDULES, SMALL, STEPS, assert_same, config_for, single_device
 
 V = dict(SCHEDULES)  # virtual stages of each schedule
@@ -87,8 +87,8 @@ def _split_backward_on_two_ranks(sp: bool):
     x = np.random.default_rng(0).integers(0, 32, (3, 8))
 
     def fn():
-        from minidist.parallel.tensor_parallel import TPGroup
-        from minidist.parallel.tensor_parallel_model import tensor_parallelize
+        from minidist.parallel.tensor.tensor_parallel import TPGroup
+        from minidist.parallel.tensor.tensor_parallel_model import tensor_parallelize
         from minidist.runtime.context import current
 
         tp = TPGroup.of(None, sequence_parallel=sp)
@@ -139,8 +139,8 @@ def test_executed_bubble_with_tensor_parallel_stages(schedule):
 
     def fn():
         from minidist.parallel.mesh import build_mesh
-        from minidist.parallel.tensor_parallel import TPGroup
-        from minidist.parallel.tensor_parallel_model import tensor_parallelize
+        from minidist.parallel.tensor.tensor_parallel import TPGroup
+        from minidist.parallel.tensor.tensor_parallel_model import tensor_parallelize
 
         mesh = build_mesh(ParallelConfig(pp=p, tp=tp))
         pp_ranks = list(mesh.get_group("pp").ranks)

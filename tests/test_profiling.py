@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import ParallelConfig, Resilience, train
 from minidist.profiling import fit_alpha_beta, link_samples, run_budget, stragglers
 from minidist.profiling.stragglers import compute_time_per_rank
 from minidist.resilience import Faults
@@ -52,7 +52,7 @@ def test_overlap_appears_where_the_strategies_create_it():
 def test_the_slow_rank_is_named_and_a_healthy_run_has_none():
     pc = ParallelConfig(dp=4)
     assert stragglers(compute_time_per_rank(train(CFG, pc, steps=2, global_batch=8))) == []
-    slow = train(CFG, pc, steps=2, global_batch=8, faults=Faults(slow={2: 1.5}))
+    slow = train(CFG, pc, steps=2, global_batch=8, resilience=Resilience(faults=Faults(slow={2: 1.5})))
     assert stragglers(compute_time_per_rank(slow)) == [2]
 
 

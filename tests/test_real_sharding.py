@@ -26,7 +26,7 @@ def _rank_memory(layout: ParallelConfig):
 
     from minidist.data import get_batch, load_tokens
     from minidist.parallel import build_mesh, parallelize
-    from minidist.parallel.flat_optim import FlatOptimizer
+    from minidist.parallel.data.flat_optim import FlatOptimizer
     from minidist.parallel.memory import state_bytes_per_param
 
     tokens = load_tokens(5_000, seed=0)[0]

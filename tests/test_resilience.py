@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig, build_mesh, parallelize
+from minidist.parallel import ParallelConfig, Resilience, build_mesh, parallelize
 from minidist.parallel.checkpoint_sweep import SweepPoint, fitted_optimum
-from minidist.parallel.flat_optim import FlatOptimizer
+from minidist.parallel.data.flat_optim import FlatOptimizer
 from minidist.parallel.memory import state_bytes_per_param
 from minidist.parallel.rank_state import capture, merge, restore
 from minidist.parallel.restart import step_loss
@@ -53,8 +53,9 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_bitwise_equal(
     pc = ParallelConfig(**layout)
     ref = md.parallel.train(cfg, pc, steps=STEPS, global_batch=4)
     # the last rank dies as it starts step 5: the checkpoint of step 4 (sync) or 2 (async: 4 is not yet published)
-    got = md.parallel.train(cfg, pc, steps=STEPS, global_batch=4, checkpoint_dir=tmp_path, checkpoint_every=2,
-                            async_checkpoint=async_, faults=Faults(kill=((pc.world_size - 1, 5),)), restart=True)
+    got = md.parallel.train(cfg, pc, steps=STEPS, global_batch=4,
+                            resilience=Resilience(tmp_path, every=2, async_=async_, restart=True,
+                                                  faults=Faults(kill=((pc.world_size - 1, 5),))))
     assert bitwise(got, ref)
     assert [(f["rank"], f["step"]) for f in got.failures] == [(pc.world_size - 1, 5)]
     assert got.lost_time > 0 and got.total_time > got.lost_time
@@ -63,30 +64,32 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint_and_ends_bitwise_equal(
 
 def test_failures_of_an_mtbf_process_are_survived(tmp_path):
     pc = ParallelConfig(dp=2)
-    ref = md.parallel.train(DENSE, pc, steps=8, global_batch=4, checkpoint_dir=tmp_path / "ref", checkpoint_every=1)
+    ref = md.parallel.train(DENSE, pc, steps=8, global_batch=4, resilience=Resilience(tmp_path / "ref", every=1))
     mtbf = 3 * ref.total_time / 8  # a failure every three checkpointed steps or so
-    got = md.parallel.train(DENSE, pc, steps=8, global_batch=4, checkpoint_dir=tmp_path / "run", checkpoint_every=1,
-                            faults=Faults(mtbf=mtbf, seed=1, restart_seconds=1e-6), restart=True)
+    got = md.parallel.train(DENSE, pc, steps=8, global_batch=4,
+                            resilience=Resilience(tmp_path / "run", every=1, restart=True,
+                                                  faults=Faults(mtbf=mtbf, seed=1, restart_seconds=1e-6)))
     assert bitwise(got, ref) and len(got.failures) >= 1
     assert all(f["reason"] == "MTBF failure" for f in got.failures)
 
 
 def test_without_restart_a_failure_is_reported_with_its_rank_and_step(tmp_path):
     with pytest.raises(RankFailure, match="rank 1 failed at step 2"):
-        md.parallel.train(DENSE, ParallelConfig(dp=2), steps=3, global_batch=4, faults=Faults(kill=((1, 2),)))
+        md.parallel.train(DENSE, ParallelConfig(dp=2), steps=3, global_batch=4,
+                          resilience=Resilience(faults=Faults(kill=((1, 2),))))
 
 
 def test_a_straggler_slows_every_step_down():
     pc = ParallelConfig(dp=2)
     fast = md.parallel.train(DENSE, pc, steps=2, global_batch=4)
-    slow = md.parallel.train(DENSE, pc, steps=2, global_batch=4, faults=Faults(slow={1: 3.0}))
+    slow = md.parallel.train(DENSE, pc, steps=2, global_batch=4, resilience=Resilience(faults=Faults(slow={1: 3.0})))
     assert bitwise(slow, fast)  # the numbers do not change, the time does
     assert slow.time[1] > 1.5 * fast.time[1]
 
 
 def _checkpoints(tmp_path, every=1, steps=3):
-    return md.parallel.train(DENSE, ParallelConfig(dp=2), steps=steps, global_batch=4, checkpoint_dir=tmp_path,
-                             checkpoint_every=every)
+    return md.parallel.train(DENSE, ParallelConfig(dp=2), steps=steps, global_batch=4,
+                             resilience=Resilience(tmp_path, every=every))
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncate", "delete"])
@@ -111,8 +114,8 @@ def test_a_damaged_checkpoint_is_named_and_the_previous_one_is_used(damage, tmp_
         # pytest.warns records every warning and hands back the others, so pyproject's filter of the fork warning
         # (Python >= 3.12) would not apply to them: say it again inside
         warnings.filterwarnings("ignore", category=DeprecationWarning, module="multiprocess.popen_fork")
-        got = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=5, global_batch=4, checkpoint_dir=tmp_path,
-                                resume=True)
+        got = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=5, global_batch=4,
+                                resilience=Resilience(tmp_path, resume=True))
     assert bitwise(got, ref)
 
 
@@ -172,7 +175,7 @@ PAIRS = [
                               "moe-ep2-to-ep4"])
 def test_a_checkpoint_continues_under_another_layout(cfg, before, after, tmp_path):
     first, second = ParallelConfig(**before), ParallelConfig(**after)
-    md.parallel.train(cfg, first, steps=3, global_batch=4, checkpoint_dir=tmp_path / "a", checkpoint_every=3)
+    md.parallel.train(cfg, first, steps=3, global_batch=4, resilience=Resilience(tmp_path / "a", every=3))
     _rewrite(tmp_path / "a", tmp_path / "b", cfg, second)
     # the whole tensors survive any layout: loading and writing again changes no bit
     full_a, full_b = merge(latest(tmp_path / "a")[1]), merge(latest(tmp_path / "b")[1])
@@ -180,10 +183,10 @@ def test_a_checkpoint_continues_under_another_layout(cfg, before, after, tmp_pat
         for kind in ("w", "m", "v"):
             assert np.array_equal(full_a[name][kind], full_b[name][kind]), (name, kind)
         assert full_a[name]["step"] == full_b[name]["step"]
-    resharded = md.parallel.train(cfg, second, steps=STEPS, global_batch=4, checkpoint_dir=tmp_path / "a",
-                                  resume=True)
-    native = md.parallel.train(cfg, second, steps=STEPS, global_batch=4, checkpoint_dir=tmp_path / "b",
-                               resume=True)
+    resharded = md.parallel.train(cfg, second, steps=STEPS, global_batch=4,
+                                  resilience=Resilience(tmp_path / "a", resume=True))
+    native = md.parallel.train(cfg, second, steps=STEPS, global_batch=4,
+                               resilience=Resilience(tmp_path / "b", resume=True))
     assert bitwise(resharded, native)  # equal to the run that started on the new layout from the same state
     assert close(resharded, md.parallel.train(cfg, ParallelConfig(), steps=STEPS, global_batch=4))
 
@@ -192,10 +195,11 @@ def test_resume_refuses_a_different_model(tmp_path):
     _checkpoints(tmp_path, every=3, steps=3)
     other = md.GPTConfig(**{**DENSE.__dict__, "d_model": 32})
     with pytest.raises(md.RankError, match="shape"):
-        md.parallel.train(other, ParallelConfig(), steps=4, global_batch=4, checkpoint_dir=tmp_path, resume=True)
+        md.parallel.train(other, ParallelConfig(), steps=4, global_batch=4,
+                          resilience=Resilience(tmp_path, resume=True))
     shutil.rmtree(tmp_path)
     with pytest.raises(ValueError, match="checkpoint_dir"):
-        md.parallel.train(DENSE, ParallelConfig(), steps=4, global_batch=4, checkpoint_every=2)
+        md.parallel.train(DENSE, ParallelConfig(), steps=4, global_batch=4, resilience=Resilience(every=2))
 
 
 # -- failures survived in place, and the arithmetic of checkpoint intervals --------------------------
@@ -203,11 +207,11 @@ def test_resume_refuses_a_different_model(tmp_path):
 
 def test_in_place_failures_roll_back_and_end_bitwise_equal(tmp_path):
     ref = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4)
-    probe = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4, checkpoint_dir=tmp_path / "p",
-                              checkpoint_every=3)
-    got = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4, checkpoint_dir=tmp_path / "r",
-                            checkpoint_every=3, faults=Faults(mtbf=probe.total_time / 4, seed=3, in_place=True),
-                            restart=True)
+    probe = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4,
+                              resilience=Resilience(tmp_path / "p", every=3))
+    got = md.parallel.train(DENSE, ParallelConfig(dp=2), steps=12, global_batch=4,
+                            resilience=Resilience(tmp_path / "r", every=3, restart=True,
+                                                  faults=Faults(mtbf=probe.total_time / 4, seed=3, in_place=True)))
     assert bitwise(got, ref) and len(got.failures) >= 2
     # every failure throws away at most one interval of steps and one checkpoint
     worst = 3 * max(ref.time) + max(probe.checkpoint_blocked) / 4

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import minidist as md
-from minidist.parallel import ParallelConfig
+from minidist.parallel import Backend, ParallelConfig, Precision
 
 TOY = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4)
 LAYOUTS = {
@@ -40,7 +40,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("pc", list(LAYOUTS.values()), ids=list(LAYOUTS))
 def test_a_shape_only_run_measures_what_the_data_run_measures(pc):
     data = md.parallel.train(TOY, pc, steps=2, global_batch=4)
-    shapes = md.parallel.train(TOY, pc, steps=2, global_batch=4, shape_only=True, backend="inprocess")
+    shapes = md.parallel.train(TOY, pc, steps=2, global_batch=4, backend=Backend("inprocess", shape_only=True))
     assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
     assert shapes.peak_memory == data.peak_memory
     assert shapes.memory == data.memory and shapes.peak_breakdown == data.peak_breakdown
@@ -60,10 +60,10 @@ def test_a_half_precision_llama_measures_the_same_shape_only(pc):
     """The large-scale recipe at toy size: 2-byte arrays (so activations and messages are booked as on a GPU),
     bf16 products, GQA, SwiGLU, RMSNorm. A Python 0.0 or an index array must not turn a shape-only result into
     float64 where numpy keeps float16 (np.where, np.take, a number times a 0-d array)."""
-    kw = dict(steps=1, global_batch=4, dtype="float16", precision="bf16")
+    kw = dict(steps=1, global_batch=4, dtype="float16", precision=Precision("bf16"))
     with np.errstate(all="ignore"):  # AdamW's eps underflows in float16: the values are not the point here
         data = md.parallel.train(LLAMA, pc, **kw)
-    shapes = md.parallel.train(LLAMA, pc, shape_only=True, backend="inprocess", **kw)
+    shapes = md.parallel.train(LLAMA, pc, backend=Backend("inprocess", shape_only=True), **kw)
     assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
     assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
 
@@ -84,7 +84,7 @@ def test_experts_routed_by_plan_measure_the_same_shape_only(name, load):
     values, and the data run dealt the same way measures the same: the all-to-alls, every expert's matmuls."""
     pc = EXPERT_LAYOUTS[name]
     data = md.parallel.train(_moe(load), pc, steps=2, global_batch=8)
-    shapes = md.parallel.train(_moe(load), pc, steps=2, global_batch=8, shape_only=True, backend="inprocess")
+    shapes = md.parallel.train(_moe(load), pc, steps=2, global_batch=8, backend=Backend("inprocess", shape_only=True))
     assert shapes.time == pytest.approx(data.time, rel=1e-12, abs=0)
     assert shapes.memory == data.memory and shapes.comm_bytes == data.comm_bytes
     assert np.isfinite(data.losses).all()
@@ -93,13 +93,15 @@ def test_experts_routed_by_plan_measure_the_same_shape_only(name, load):
 @pytest.mark.parametrize("name", ["ep2 x dp2", "ep4, zero1"])
 def test_one_rank_stands_for_expert_parallel_ranks_under_a_balanced_load(name):
     pc = EXPERT_LAYOUTS[name]
-    kw = dict(steps=2, global_batch=8, shape_only=True, backend="inprocess")
+    kw = dict(steps=2, global_batch=8, backend=Backend("inprocess", shape_only=True))
     every = md.parallel.train(_moe("balanced"), pc, **kw)
-    some = md.parallel.train(_moe("balanced"), pc, representatives=True, **kw)
+    some = md.parallel.train(_moe("balanced"), pc,
+                             **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=True)})
     assert some.time == every.time and some.memory == every.memory and some.comm_bytes == every.comm_bytes
     assert len({e.rank for e in some.trace}) == 1
     with pytest.raises(ValueError, match="stands for ep ranks only when every rank's experts receive the same rows"):
-        md.parallel.train(_moe((0.4, 0.3, 0.2, 0.1)), pc, representatives=True, **kw)
+        md.parallel.train(_moe((0.4, 0.3, 0.2, 0.1)), pc,
+                          **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=True)})
 
 
 def test_a_shape_only_run_holds_no_values():
@@ -107,7 +109,7 @@ def test_a_shape_only_run_holds_no_values():
     pc = ParallelConfig(dp=2, zero_stage=3)
     tracemalloc.start()
     try:
-        res = md.parallel.train(big, pc, steps=1, global_batch=2, shape_only=True, backend="inprocess")
+        res = md.parallel.train(big, pc, steps=1, global_batch=2, backend=Backend("inprocess", shape_only=True))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -120,9 +122,9 @@ def test_what_depends_on_values_is_refused_by_name():
     moe = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=2, n_heads=4, n_experts=4, top_k=2)
     with pytest.raises(ValueError, match="shape_only=True .* route tokens to experts by the router's scores; give "
                                          "GPTConfig\\(expert_load='balanced'\\)"):
-        md.parallel.train(moe, ParallelConfig(), shape_only=True)
+        md.parallel.train(moe, ParallelConfig(), backend=Backend(shape_only=True))
     with pytest.raises(ValueError, match="shape_only=True .* scale losses"):
-        md.parallel.train(TOY, ParallelConfig(), shape_only=True, precision="fp16")
+        md.parallel.train(TOY, ParallelConfig(), backend=Backend(shape_only=True), precision=Precision("fp16"))
 
 
 REPRESENTED = {
@@ -148,9 +150,10 @@ def test_one_rank_per_stage_stands_for_the_others(name, gpus_per_node):
 
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=4)
     pc, cl = REPRESENTED[name], Cluster(gpus_per_node=gpus_per_node)
-    every = md.parallel.train(cfg, pc, steps=2, global_batch=16, shape_only=True, backend="inprocess", cluster=cl)
-    some = md.parallel.train(cfg, pc, steps=2, global_batch=16, shape_only=True, backend="inprocess", cluster=cl,
-                             representatives=True)
+    every = md.parallel.train(cfg, pc, steps=2, global_batch=16, backend=Backend("inprocess", shape_only=True),
+                              cluster=cl)
+    some = md.parallel.train(cfg, pc, steps=2, global_batch=16,
+                             backend=Backend("inprocess", shape_only=True, representatives=True), cluster=cl)
     assert some.time == every.time and some.peak_memory == every.peak_memory and some.memory == every.memory
     assert some.comm_bytes == every.comm_bytes
     ran = pc.pp * (pc.cp if pc.cp_method == "ring" else 1)  # one rank per stage (and ring-attention rank) ran
@@ -163,9 +166,9 @@ def test_uneven_batch_shares_are_each_simulated(pc):
     """A global batch that dp does not divide gives the first ranks one sequence more: they hold more activations
     and finish later, so representatives report each rank's own figures, not rank 0's."""
     cfg = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=4)
-    kw = dict(steps=2, global_batch=2 * pc.dp + 1, shape_only=True, backend="inprocess")
+    kw = dict(steps=2, global_batch=2 * pc.dp + 1, backend=Backend("inprocess", shape_only=True))
     every = md.parallel.train(cfg, pc, **kw)
-    some = md.parallel.train(cfg, pc, representatives=True, **kw)
+    some = md.parallel.train(cfg, pc, **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=True)})
     assert len(set(every.peak_memory)) > pc.pp  # the shares differ
     assert some.time == every.time and some.peak_memory == every.peak_memory and some.memory == every.memory
     assert some.comm_bytes == every.comm_bytes
@@ -183,9 +186,10 @@ RING_SIZED = md.GPTConfig(vocab_size=64, seq_len=64, d_model=64, n_layers=4, n_h
                                 ParallelConfig(dp=2, cp=2, pp=2, microbatches=2)],
                          ids=["dp2 x cp4", "dp4 x cp2, zero1", "pp2 x dp2 x cp2"])
 def test_context_ranks_in_a_gradient_ring_pair_their_mirrors_across_each_other(pc):
-    kw = dict(steps=2, global_batch=8, shape_only=True, backend="inprocess")
+    kw = dict(steps=2, global_batch=8, backend=Backend("inprocess", shape_only=True))
     every = md.parallel.train(RING_SIZED, pc, **kw)
-    some = md.parallel.train(RING_SIZED, pc, representatives=True, **kw)
+    some = md.parallel.train(RING_SIZED, pc,
+                             **{**kw, "backend": Backend("inprocess", shape_only=True, representatives=True)})
     assert some.time == every.time and some.peak_memory == every.peak_memory and some.memory == every.memory
     assert some.comm_bytes == every.comm_bytes
     assert len({e.rank for e in some.trace}) == pc.pp * pc.cp < pc.world_size
@@ -201,7 +205,7 @@ def test_an_algorithm_whose_members_differ_cannot_be_represented():
     with pytest.raises(md.runtime.RankError, match="members do not all take the same steps"):
         md.launch(fn, 8, backend="inprocess", represent=lambda r: 0, quiet=True)
     with pytest.raises(ValueError, match="representatives=True needs shape_only=True"):
-        md.parallel.train(TOY, ParallelConfig(dp=2), representatives=True, backend="inprocess")
+        md.parallel.train(TOY, ParallelConfig(dp=2), backend=Backend("inprocess", representatives=True))
 
 
 def test_a_group_of_three_represented_names_the_call_and_the_way_out():
@@ -245,8 +249,8 @@ def test_a_root_stands_for_its_receivers_exactly_when_they_all_finish_with_it(p)
 
 
 def test_a_shape_only_result_says_it_has_no_loss_values():
-    run = md.parallel.train(TOY, ParallelConfig(dp=2), steps=2, global_batch=4, shape_only=True,
-                            backend="inprocess")
+    run = md.parallel.train(TOY, ParallelConfig(dp=2), steps=2, global_batch=4,
+                            backend=Backend("inprocess", shape_only=True))
     text = repr(run)
     assert "no loss values (shape only)" in text and "nan" not in text and "ms/step simulated" in text
     data = md.parallel.train(TOY, ParallelConfig(dp=2), steps=2, global_batch=4, backend="inprocess")

@@ -13,9 +13,9 @@ import pytest
 
 import minidist as md
 from minidist.parallel.memory import graph_bytes
-from minidist.parallel.parallel_linear import ColumnParallelLinear, RowParallelLinear
-from minidist.parallel.tensor_parallel import TPGroup
-from minidist.parallel.tensor_parallel_model import (
+from minidist.parallel.tensor.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from minidist.parallel.tensor.tensor_parallel import TPGroup
+from minidist.parallel.tensor.tensor_parallel_model import (
     check_divisible,
     dense_layers,
     merge_shards,

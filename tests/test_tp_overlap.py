@@ -12,8 +12,8 @@ import pytest
 import minidist as md
 from minidist.hardware.specs import Link
 from minidist.parallel import ParallelConfig, train
-from minidist.parallel.tensor_parallel import TPGroup, all_gather_along, reduce_scatter_along
-from minidist.parallel.tp_overlap import all_gather_matmul, matmul_reduce_scatter
+from minidist.parallel.tensor.tensor_parallel import TPGroup, all_gather_along, reduce_scatter_along
+from minidist.parallel.tensor.tp_overlap import all_gather_matmul, matmul_reduce_scatter
 from minidist.profiling import run_budget
 
 # a link on which one shard's message and one shard's matmul of these tiny shapes are of the same order
@@ -108,7 +108,7 @@ def test_overlap_needs_sequence_parallelism():
 
 def _kinds_of_overlapped_collectives():
     from minidist.autograd.shape_only import ShapeArray, empty
-    from minidist.parallel.tp_overlap import start_all_gather, start_reduce_scatter
+    from minidist.parallel.tensor.tp_overlap import start_all_gather, start_reduce_scatter
 
     tp = TPGroup.of(algorithm="ring")
     x, w = empty((2, 8, 16), np.float32), empty((16, 12), np.float32)

@@ -165,7 +165,7 @@ def embed_backward(x: Shard) -> list[Op]:
 
 def zigzag_pairs(cp: int, rank: int, src: int) -> int:
     """Blocks rank ``rank`` computes when it holds ``src``'s keys, the sequence cut into ``2 cp`` chunks and
-    rank r holding chunks r and 2 cp - 1 - r (``md.parallel.context_parallel``'s zigzag): a query chunk
+    rank r holding chunks r and 2 cp - 1 - r (``md.parallel.context.context_parallel``'s zigzag): a query chunk
     skips a key chunk that lies wholly in its future."""
     mine, theirs = (rank, 2 * cp - 1 - rank), (src, 2 * cp - 1 - src)
     return sum(1 for q in mine for k in theirs if k <= q)

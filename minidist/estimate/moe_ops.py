@@ -2,7 +2,7 @@
 
 Property: routing is sparse, so a MoE layer's work is a sum over the rows each expert receives, and every
 op the autograd charges is a product of those row counts and the layer's widths. Given the rows, the list
-is exact: this module lists what ``md.nn.MoE`` with expert-parallel routing (``md.parallel.expert_parallel``,
+is exact: this module lists what ``md.nn.MoE`` with expert-parallel routing (``md.parallel.expert.expert_parallel``,
 which ``md.parallel.train`` installs for every MoE model, one device included) charges, in the order it
 charges them, and ``predict.py`` walks it like the dense ops of ``gpt_ops``.
 
@@ -149,7 +149,7 @@ def moe_activation_bytes(x: Shard) -> float:
 
 def moe_parameters(x: Shard, layers: int) -> tuple[list[int], list[list[int]]]:
     """This rank's parameters (element counts) in registration order: (the dense ones, every local expert's),
-    as the two reducers of ``md.parallel.expert_data_parallel`` bucket them."""
+    as the two reducers of ``md.parallel.expert.expert_data_parallel`` bucket them."""
     h, hq, v = x.h, x.hq, x.v
     block = [h, h] + [h * hq, hq] * 3 + [hq * h, h] + [h, h, h * x.n_experts]
     dense = [x.vocab * h, x.s * x.cp * h] + block * layers + [h, h, h * v]

@@ -18,7 +18,7 @@ Model, for the slowest (last) pipeline stage and one micro-batch of b sequences 
   ``gemm`` and ``overhead_bytes`` are the two calibrated constants (see calibration.py).
 - TP: 4 all-reduces of t h 2 bytes per layer (6 in a recomputed layer), ring on NVLink. Without sequence
   parallelism they are exposed; with it (``sp``) each is an all-gather before a GEMM and a reduce-scatter after
-  one, which a ring decomposition overlaps with that GEMM (parallel/tp_overlap.py), so a share ``tp_overlap``
+  one, which a ring decomposition overlaps with that GEMM (parallel/tensor/tp_overlap.py), so a share ``tp_overlap``
   (default half: the communication kernels take SMs from the GEMM) hides, never more than the layer's GEMMs.
 - CP: ring attention passes K,V chunks (cp - 1) times forward and twice that backward; hidden behind
   the chunk's causal attention (half the non-causal count) when shorter. EP: 4 all-to-alls of t k h 2
@@ -178,7 +178,7 @@ def estimate_layout(model: ModelConfig, cluster: ClusterSpec, layout: Layout, gl
     if layout.sp and t_tp:
         # sequence parallelism turns each all-reduce into an all-gather before a column-parallel GEMM and a
         # reduce-scatter after a row-parallel one; cut into ring steps, each message travels while the previous
-        # shard's product runs (parallel/tp_overlap.py), so a share tp_overlap hides, never more than those GEMMs
+        # shard's product runs (parallel/tensor/tp_overlap.py), so a share tp_overlap hides, never more than those GEMMs
         gemm_time = layers_stage * dense_fwd * passes / (peak * efficiency.gemm)
         t_tp -= min(layout.tp_overlap * t_tp, gemm_time)
     t_cp = 0.0

@@ -94,7 +94,7 @@ def inflight_microbatches(stages: int, microbatches: int, schedule: str = "1f1b"
         return min(m, 2 * p - 1)
     if schedule == "dualpipe":
         return min(m, p + 1)
-    if schedule == "dualpipev":  # 2p + 1 half-stage chunks at most (md.parallel.dualpipe.dualpipev)
+    if schedule == "dualpipev":  # 2p + 1 half-stage chunks at most (md.parallel.pipeline.dualpipe.dualpipev)
         return min(m, p + 0.5)
     return min(p, m)
 

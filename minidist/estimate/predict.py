@@ -391,22 +391,31 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
 def _single_stage_step(st, stage, buckets, m, dp, zero, reduce_op, run, cost, e) -> tuple[float, float]:
     """Micro-batches one after another; the buckets reduce as the backward completes them (on the last
     micro-batch for DDP and ZeRO-1, which accumulate locally; on every one for ZeRO-2). Returns ZeRO-2's
-    largest (activations, bucket buffers): a bucket is a transient buffer from the moment it fills until the
-    next one fills, so at most two are alive."""
+    largest (activations, bucket buffers): a bucket is a transient buffer from the moment its first gradient
+    arrives until the next one's does (after it was reduced), so at most two are alive."""
     largest = (0.0, 0.0)
+
+    def buffers(k: int) -> float:  # ZeRO-2's bucket buffers alive once k were allocated: the last two
+        return sum(n for _, n in buckets[max(k - 2, 0):k]) * e
+
     for i in range(m):
         reduce_now = zero == 2 or dp > 1 and i == m - 1
         run(st, stage.forward)
         finished, next_bucket, need, ends = 0, 0, buckets[0][0], []
+        started, first = 0, 0  # ZeRO-2: the buckets allocated so far, the index of the next one's first gradient
         for op, alive in zip(stage.backward, stage.alive):
             run(st, [op])
             finished += len(op.grads)
+            while zero == 2 and started < len(buckets) and finished > first:
+                # the bucket's first gradient is in: its buffer is allocated beside the previous one (reducing),
+                # and the two stay alive until the next bucket's first gradient (beside any segment rebuilt meanwhile)
+                first, started = first + buckets[started][0], started + 1
+                largest = max(largest, (alive, buffers(started)), key=sum)
+            if zero == 2:
+                largest = max(largest, (alive, buffers(started)), key=sum)
             while reduce_now and next_bucket < len(buckets) and finished >= need:
                 # the bucket's last gradient is in: its reduction starts on the communication stream
                 nbytes = buckets[next_bucket][1] * e
-                if zero == 2:
-                    held = nbytes + (buckets[next_bucket - 1][1] * e if next_bucket else 0.0)
-                    largest = max(largest, (alive, held), key=sum)
                 if dp > 1:
                     ends.append(st.launch(cost(Op(reduce_op, 0, nbytes, reduce_op, "grad"))))
                 next_bucket += 1
@@ -498,7 +507,7 @@ def _offered(op: str, algorithm: str | None) -> str | None:
 
 
 def _ring(st: _Streams, op: Op, hop: float, compute) -> None:
-    """Ring attention (``md.parallel.context_parallel.RingAttention``) on one rank of a symmetric ring: each
+    """Ring attention (``md.parallel.context.context_parallel.RingAttention``) on one rank of a symmetric ring: each
     step posts the K/V block to the successor and takes the predecessor's (the same arrival time, by
     symmetry), computes its blocks meanwhile, then waits. The backward also passes each block's gradient
     accumulator on after every step, behind the K/V message on the same link, and receives its own home."""

@@ -5,7 +5,7 @@ the all-gather before its use and its release after it, so its time and memory f
 four events per unit, the same on every rank: before the forward (wait for the gather, start gathering
 the next ``prefetch`` units), after the forward (release), before the backward (wait for the gather,
 start gathering the ``prefetch`` units before it), and once its gradient is complete (release, wait for
-all reductions but the newest, start its reduce-scatter). ``md.parallel.fsdp.ShardedModel`` runs these
+all reductions but the newest, start its reduce-scatter). ``md.parallel.data.fsdp.ShardedModel`` runs these
 hooks; :func:`sharded_step` walks them on :class:`~minidist.estimate.streams.Streams` and keeps a timeline
 of the activations and the buffers (gathered units, gradients being reduced) to find the peak.
 """

@@ -2,9 +2,9 @@
 brief's constraints (GPUs available, memory, deadline, budget), whatever layout it chose.
 
 The step the design rests on is simulated here again, at full scale and shape-only, one rank per pipeline stage
-(``md.parallel.train(shape_only=True, representatives=True, backend="inprocess")``): the check trusts no number
-it can measure. The brief is judged on the ideal device (``Cluster(kernels="roofline")``), the one its deadline
-and budget were set for: every op at the roofline, every message, bubble and byte of the layout simulated. The
+(``md.parallel.train(backend=Backend("inprocess", shape_only=True, representatives=True))``): the check trusts
+no number it can measure. The brief is judged on the ideal device (``Cluster(kernels="roofline")``), the one its
+deadline and budget were set for: every op at the roofline, every message, bubble and byte of the layout simulated. The
 measured device prices the unfused eager kernels of one H200 (attention written out, products at 0.78 of peak);
 there even a step with no message and no bubble stays below the MFU the budget needs (about 31%), so a design
 costed on it is told which device grades it. Each layout is simulated once per process (``_simulated`` caches
@@ -23,7 +23,7 @@ import numpy as np
 from minidist.estimate import cluster, model
 from minidist.hardware.cluster import Cluster
 from minidist.labs.check import CheckFailed, attempt, fail, numbers_of, passed
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import Backend, ParallelConfig, Precision, train
 from minidist.parallel.at_scale import gpt_config
 
 # One H100's mean time between interruptions as Meta's LLaMA 3 405B run saw it: 419 unexpected interruptions in
@@ -205,8 +205,8 @@ def check_busy_by_op(fn) -> None:
     for kernels, pc, steps, rank in (("roofline", ParallelConfig(dp=2, tp=2), 2, 1),
                                      ("measured", ParallelConfig(pp=2, dp=2, microbatches=2), 2, 2),
                                      ("measured", ParallelConfig(tp=2, recompute="full"), 1, 0)):
-        run = train(cfg, pc, steps=steps, global_batch=8, cluster=Cluster(kernels=kernels), shape_only=True,
-                    backend="inprocess")
+        run = train(cfg, pc, steps=steps, global_batch=8, cluster=Cluster(kernels=kernels),
+                    backend=Backend("inprocess", shape_only=True))
         want = _busy_by_op(run, rank)
         got = attempt("busy_by_op", fn, run, rank)
         case = f"busy_by_op(a run of {pc.world_size} ranks on the {kernels} device, {steps} step(s), rank {rank})"
@@ -252,8 +252,8 @@ def _simulate(model_name: str, cluster_name: str, pc: ParallelConfig, global_bat
               kernels: str = "roofline") -> _Step:
     roomy = _hardware(cluster_name, 1e15, kernels)  # a layout that does not fit still runs, so its peak is named
     res = train(gpt_config(model(model_name)), pc, steps=1, global_batch=global_batch, cluster=roomy,
-                dtype="float16", precision="bf16", shape_only=True, backend="inprocess", representatives=True,
-                timeout=300)
+                dtype="float16", precision=Precision("bf16"),
+                backend=Backend("inprocess", shape_only=True, representatives=True, timeout=300))
     return _Step(float(res.time[0]), tuple(float(p) for p in res.peak_memory), int(res.num_params))
 
 

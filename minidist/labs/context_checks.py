@@ -15,13 +15,17 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minidist import dist
+from minidist.autograd import tensor
+from minidist.estimate import cp_ring_bytes_per_layer
+from minidist.hardware.cluster import Cluster
 from minidist.labs.check import CheckFailed, check_cases, fail, passed
 from minidist.labs.ranks import run_ranks
 
 
 # -- the merge -----------------------------------------------------------------------------
 def _states(seed: int):
-    from minidist.parallel.online_softmax import block_state
+    from minidist.parallel.context.online_softmax import block_state
 
     rng = np.random.default_rng(seed)
     q = rng.normal(size=(3, 4)) * 3
@@ -64,8 +68,8 @@ def _compare_state(got, want, what: str) -> None:
 def check_softmax_merge(merge: Callable) -> None:
     """``merge((m_a, s_a, o_a), (m_b, s_b, o_b)) -> (m, s, o)``; checked on random blocks, in both
     orders and groupings, and with the identity state (-inf, 0, 0)."""
-    from minidist.parallel.online_softmax import finalize, identity_state
-    from minidist.parallel.online_softmax import merge as ref
+    from minidist.parallel.context.online_softmax import finalize, identity_state
+    from minidist.parallel.context.online_softmax import merge as ref
 
     n = 0
     for seed in range(3):
@@ -101,20 +105,18 @@ def _qkv(seed: int = 0):
 
 
 def _ring_body(fn, library: bool):
-    import minidist as md
-
-    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    r, p = dist.get_rank(), dist.get_world_size()
     Q, K, V = _qkv()
     c = T // p
     q, k, v = (np.ascontiguousarray(a[:, :, r * c:(r + 1) * c]) for a in (Q, K, V))
-    t0 = md.dist.now()
+    t0 = dist.now()
     if library:
-        from minidist.parallel.context_parallel import CPGroup, ring_attention
+        from minidist.parallel.context.context_parallel import CPGroup, ring_attention
 
-        out = ring_attention(md.tensor(q), md.tensor(k), md.tensor(v), CPGroup.of(None), is_causal=False).data
+        out = ring_attention(tensor(q), tensor(k), tensor(v), CPGroup.of(None), is_causal=False).data
     else:
         out = fn(q, k, v)
-    return np.asarray(getattr(out, "data", out), dtype=np.float64), md.dist.now() - t0
+    return np.asarray(getattr(out, "data", out), dtype=np.float64), dist.now() - t0
 
 
 def _sent(res, r: int) -> float:
@@ -124,8 +126,6 @@ def _sent(res, r: int) -> float:
 def check_ring_attention(fn: Callable) -> None:
     """``fn(q, k, v)`` runs on every rank with this rank's contiguous chunk of the sequence (arrays
     (B, H, T/p, d), no causal mask) and returns this rank's attention output (B, H, T/p, d)."""
-    import minidist as md
-
     Q, K, V = _qkv()
     x = Q @ np.swapaxes(K, -1, -2) / math.sqrt(D)
     pr = np.exp(x - x.max(-1, keepdims=True))
@@ -146,17 +146,17 @@ def check_ring_attention(fn: Callable) -> None:
                     hint = "the output only attends to this rank's own keys: rotate K and V p - 1 times"
                 fail(f"ring attention on {p} ranks: rank {r}'s output is wrong", w.reshape(-1)[:3],
                      got.reshape(-1)[:3], hint)
-            expected = md.estimate.cp_ring_bytes_per_layer(B, T, H * D, p, dtype_bytes=8)
+            expected = cp_ring_bytes_per_layer(B, T, H * D, p, dtype_bytes=8)
             sent = _sent(res, r)
             if not math.isclose(sent, expected, rel_tol=1e-9):
                 fail(f"ring attention on {p} ranks: rank {r} sent the wrong number of bytes", expected, sent,
                      "K and V of every other rank pass through each rank once: p - 1 sends of one K/V block "
                      "each (this rank's own first, then the blocks it received), none after the last step")
     # overlap: links as fast as a block's compute, so hiding the transfer halves the time
-    fast = run_ranks("ring attention", _ring_body, 4, args=(fn, True), cluster=md.Cluster.uniform(1e-12, 1e18))
+    fast = run_ranks("ring attention", _ring_body, 4, args=(fn, True), cluster=Cluster.uniform(1e-12, 1e18))
     block = max(t for _, t in fast) / 4
     kv_bytes = 2 * B * H * (T // 4) * D * 8
-    cluster = md.Cluster.uniform(alpha=1e-12, beta=kv_bytes / block)
+    cluster = Cluster.uniform(alpha=1e-12, beta=kv_bytes / block)
     ref = max(t for _, t in run_ranks("ring attention", _ring_body, 4, args=(fn, True), cluster=cluster))
     mine = max(t for _, t in run_ranks("ring attention", _ring_body, 4, args=(fn, False), cluster=cluster))
     if mine > 1.05 * ref:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minidist import dist
 from minidist.labs.check import attempt, check_cases, close, fail, learner_name, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
@@ -31,9 +32,7 @@ def least_squares_grad(w: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarra
 
 
 def _run_dp(fn):
-    import minidist as md
-
-    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    r, p = dist.get_rank(), dist.get_world_size()
     w, x, y = _problem()
     xs, ys = np.array_split(x, p), np.array_split(y, p)
     out = fn(w.copy(), xs[r].copy(), ys[r].copy(), len(y))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from minidist.labs.check import attempt, check_cases, close, fail, number, passed
-from minidist.parallel.local_sgd import LocalSGD
+from minidist.parallel.asynchronous.local_sgd import LocalSGD
 
 
 def check_expected_slowest(fn: Callable[[int, float], float]) -> None:

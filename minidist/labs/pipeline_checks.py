@@ -51,8 +51,8 @@ def _book_warmup(comp: list, p: int, m: int) -> str | None:
 
 def check_1f1b_actions(actions: Callable) -> None:
     """``actions(p, m)`` -> one list per stage of "F<i>" / "B<i>" strings in the order the stage runs them."""
-    from minidist.parallel.schedule_walk import check_schedule, simulate
-    from minidist.parallel.schedules import (
+    from minidist.parallel.pipeline.schedule_walk import check_schedule, simulate
+    from minidist.parallel.pipeline.schedules import (
         Action,
         Schedule,
         ScheduleError,
@@ -145,7 +145,7 @@ def _walk(rows: list[list[str]], F: float, B: float, comm: float) -> tuple[float
 
 def check_walk_schedule(walk: Callable) -> None:
     """``walk(rows, F, B, comm)`` -> (span, bubble) of any valid F/B schedule, timed from its dependencies."""
-    from minidist.parallel.schedules import make_schedule
+    from minidist.parallel.pipeline.schedules import make_schedule
 
     name = learner_name(walk, "walk")
     # "lockstep" (every stage F0 B0 F1 B1 ...) is valid but slow: no closed form of the page fits it

@@ -15,6 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minidist import dist
+from minidist.estimate import collective_time, ring_tree_crossover_bytes
+from minidist.hardware.cluster import Cluster
 from minidist.labs.check import CheckFailed, attempt, fail, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
@@ -42,12 +45,10 @@ def _ranks_of(mask: int) -> list[int]:
 
 def _traced_ring(fn, n):
     """Rank body: run the learner's fn on encoded data, recording every message it sends."""
-    import minidist as md
-
-    r, p = md.dist.get_rank(), md.dist.get_world_size()
+    r, p = dist.get_rank(), dist.get_world_size()
     x = _encoded(r, p, n)
     sent = []
-    orig_send, orig_isend = md.dist.send, md.dist.isend
+    orig_send, orig_isend = dist.send, dist.isend
 
     inside_send = []  # md.dist.send calls md.dist.isend: record that message once, not twice
 
@@ -64,13 +65,13 @@ def _traced_ring(fn, n):
             sent.append((dst, np.array(getattr(t, "data", t), dtype=np.float64, copy=True)))
         return orig_isend(t, dst, *a, **k)
 
-    md.dist.send, md.dist.isend = send, isend
+    dist.send, dist.isend = send, isend
     try:
-        t0 = md.dist.now()
+        t0 = dist.now()
         fn(x)
-        t1 = md.dist.now()
+        t1 = dist.now()
     finally:
-        md.dist.send, md.dist.isend = orig_send, orig_isend
+        dist.send, dist.isend = orig_send, orig_isend
     return x, sent, t1 - t0
 
 
@@ -176,11 +177,9 @@ def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6,
     Every case must be correct first; then the time of the cases with n divisible by p must be the ring's. When
     it is not, the failure reports the largest such case, where bandwidth dominates and a wrong message size shows.
     """
-    import minidist as md
-
     slow = None
     for p, n in [(2, 8), (3, 9), (4, 10), (5, 12), (4, 3), (4, 4096)]:
-        cluster = md.Cluster.uniform(alpha, beta)
+        cluster = Cluster.uniform(alpha, beta)
         res = run_ranks("ring_all_reduce", _traced_ring, p, args=(fn, n), cluster=cluster)
         library = sorted({e.name for e in res.trace.filter(stream="comm")
                           if not e.name.startswith(("send", "recv", "barrier"))})
@@ -202,7 +201,7 @@ def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6,
             raise
         if n % p == 0:
             t = max(v[2] for v in res)
-            ideal = md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "ring")
+            ideal = collective_time("all_reduce", n * 8, p, alpha, beta, "ring")
             if not math.isclose(t, ideal, rel_tol=1e-9):
                 slow = (p, n, t, ideal, [v[1] for v in res])
     if slow:
@@ -217,15 +216,13 @@ def check_ring_all_reduce(fn: Callable[[np.ndarray], None], alpha: float = 1e-6,
 
 def check_collective_times(ring_fn: Callable, tree_fn: Callable) -> None:
     """``ring_fn(n, p, alpha, beta)`` and ``tree_fn(...)`` are the all-reduce closed forms (p a power of two)."""
-    import minidist as md
-
     for n, p, a, b in [(1e8, 8, 1e-6, 450e9), (4096, 8, 1e-6, 450e9), (1e9, 64, 5e-6, 50e9), (1e3, 2, 2e-6, 5e10)]:
         for name, fn, algo, hint in [
             ("ring_time", ring_fn, "ring", "2(p-1) steps, each alpha + (n/p)/beta"),
             ("tree_time", tree_fn, "tree", "a binomial reduce then a broadcast: 2 log2(p) steps of alpha + n/beta"),
         ]:
             got = attempt(name, fn, n, p, a, b)
-            want = md.estimate.collective_time("all_reduce", n, p, a, b, algo)
+            want = collective_time("all_reduce", n, p, a, b, algo)
             what = f"{name}(n={n:g}, p={p}, alpha={a:g}, beta={b:g})"
             if not math.isclose(number(what, got), want, rel_tol=1e-9):
                 fail(what, want, got, hint)
@@ -234,11 +231,9 @@ def check_collective_times(ring_fn: Callable, tree_fn: Callable) -> None:
 
 def check_ring_tree_crossover(fn: Callable[[int, float, float], float]) -> None:
     """``fn(p, alpha, beta)`` is the size where ring and tree all-reduce take the same time."""
-    import minidist as md
-
     for p, a, b in [(8, 1e-6, 450e9), (64, 5e-6, 50e9), (16, 2e-6, 100e9)]:
         got = attempt("crossover", fn, p, a, b)
-        want = md.estimate.ring_tree_crossover_bytes(p, a, b)
+        want = ring_tree_crossover_bytes(p, a, b)
         if not math.isclose(number(f"crossover(p={p}, alpha={a:g}, beta={b:g})", got), want, rel_tol=1e-6):
             fail(f"crossover(p={p}, alpha={a:g}, beta={b:g})", want, got,
                  "set 2(p-1) a + 2(p-1)/p n/b equal to 2 log2(p) (a + n/b) and solve the linear equation for n")
@@ -249,11 +244,9 @@ def check_halving_doubling_all_reduce(fn: Callable[[np.ndarray], None], alpha: f
                                       beta: float = 1e9) -> None:
     """``fn(x)`` sums ``x`` in place across a power-of-two number of ranks by recursive halving (a reduce-scatter)
     then recursive doubling (an all-gather), in the time ``2 log2(p) alpha + 2 (p-1)/p n / beta``."""
-    import minidist as md
-
     for p, n in [(2, 8), (4, 16), (8, 64), (4, 4096), (8, 8192)]:
         res = run_ranks("halving_doubling_all_reduce", _traced_ring, p, args=(fn, n),
-                        cluster=md.Cluster.uniform(alpha, beta))
+                        cluster=Cluster.uniform(alpha, beta))
         library = sorted({e.name for e in res.trace.filter(stream="comm")
                           if not e.name.startswith(("send", "recv", "barrier"))})
         if library:
@@ -264,11 +257,11 @@ def check_halving_doubling_all_reduce(fn: Callable[[np.ndarray], None], alpha: f
                       context=f"on {p} ranks with n = {n}")
         peers = sorted({dst for dst, _ in res[0][1]})
         t = max(v[2] for v in res)
-        ideal = md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "halving_doubling")
+        ideal = collective_time("all_reduce", n * 8, p, alpha, beta, "halving_doubling")
         if math.isclose(t, ideal, rel_tol=1e-9):
             continue
         sizes = [len(m) for _, m in res[0][1]]
-        if math.isclose(t, md.estimate.collective_time("all_reduce", n * 8, p, alpha, beta, "tree"), rel_tol=1e-9) \
+        if math.isclose(t, collective_time("all_reduce", n * 8, p, alpha, beta, "tree"), rel_tol=1e-9) \
                 or (sizes and max(sizes) == n):
             hint = ("a step that sends the whole buffer pays the tree's bandwidth: send the half you are giving "
                     "up, and keep halving the part you are responsible for")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minidist import dist
 from minidist.labs.check import CheckFailed, check_cases, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
@@ -33,8 +34,6 @@ def check_send_time(fn: Callable[[float, float, float], float]) -> None:
 
 
 def _shift_body(fn, n):
-    from minidist import dist
-
     r = dist.get_rank()
     x = (np.arange(n, dtype=np.float32) + 100.0 * r)
     before = x.copy()
@@ -73,16 +72,14 @@ def check_shift_right(fn: Callable[[np.ndarray], np.ndarray], world_sizes=(2, 3,
 
 
 def _direct_body(fn, use_library: bool):
-    import minidist as md
-
-    r = md.dist.get_rank()
-    md.dist.compute(flops=(3 - r % 3) * 1e11, dtype="bf16", name="uneven work")  # ranks arrive at different times
+    r = dist.get_rank()
+    dist.compute(flops=(3 - r % 3) * 1e11, dtype="bf16", name="uneven work")  # ranks arrive at different times
     x = np.arange(6, dtype=np.float64) * (r + 1) + 10.0 ** r
     if use_library:
-        md.dist.all_reduce(x, algorithm="direct")
+        dist.all_reduce(x, algorithm="direct")
     else:
         fn(x)
-    return x, md.dist.now()
+    return x, dist.now()
 
 
 def check_direct_all_reduce(fn: Callable[[np.ndarray], None]) -> None:

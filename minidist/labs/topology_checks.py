@@ -7,32 +7,30 @@ from collections.abc import Callable
 
 import numpy as np
 
+from minidist import dist
+from minidist.estimate import collective_time, hierarchical_all_reduce_time
+from minidist.hardware.cluster import Cluster
+from minidist.hardware.specs import Link
 from minidist.labs.check import attempt, fail, number, passed
 from minidist.labs.ranks import compare_ranks, run_ranks
 
 
 def _two_level(gpus_per_node: int, alpha_intra: float, beta_intra: float, alpha_inter: float, beta_inter: float):
-    import minidist as md
-
-    intra = md.hardware.Link("intra", alpha_intra, beta_intra)
-    inter = md.hardware.Link("inter", alpha_inter, beta_inter)
-    return md.Cluster("H100-80GB-SXM", gpus_per_node, intra, inter)
+    intra = Link("intra", alpha_intra, beta_intra)
+    inter = Link("inter", alpha_inter, beta_inter)
+    return Cluster("H100-80GB-SXM", gpus_per_node, intra, inter)
 
 
 def _run_hier(fn, n, gpus_per_node):
-    import minidist as md
-
-    r = md.dist.get_rank()
+    r = dist.get_rank()
     x = (np.arange(n, dtype=np.float64) + 1.0) * (r + 1)
-    t0 = md.dist.now()
+    t0 = dist.now()
     fn(x, gpus_per_node)
-    return x, md.dist.now() - t0
+    return x, dist.now() - t0
 
 
 def check_hierarchical_all_reduce(fn: Callable[[np.ndarray, int], None]) -> None:
     """``fn(x, gpus_per_node)`` sums ``x`` over all ranks in place, in three phases, at the two-level cost."""
-    import minidist as md
-
     consts = (1e-6, 300e9, 5e-6, 50e9)
     for G, N in [(2, 2), (4, 2), (2, 3)]:
         p, n = G * N, 24 * G * N
@@ -68,9 +66,9 @@ def check_hierarchical_all_reduce(fn: Callable[[np.ndarray, int], None]) -> None
         compare_ranks("hierarchical_all_reduce", [v[0] for v in res], [want] * p,
                       context=f"on {N} nodes of {G} GPUs", diagnose=diagnose, rtol=1e-12)
         t = max(v[1] for v in res)
-        ideal = md.estimate.hierarchical_all_reduce_time(n * 8, G, N, *consts)
+        ideal = hierarchical_all_reduce_time(n * 8, G, N, *consts)
         if not math.isclose(t, ideal, rel_tol=1e-9):
-            flat = md.estimate.collective_time("all_reduce", n * 8, p, consts[2], consts[3], "ring")
+            flat = collective_time("all_reduce", n * 8, p, consts[2], consts[3], "ring")
             hint = ("the phases should be: reduce-scatter inside the node (ring), all-reduce of the 1/G shard across "
                     "nodes (ring), all-gather inside the node (ring); pass algorithm='ring' to each")
             if math.isclose(t, flat, rel_tol=1e-6):
@@ -82,16 +80,14 @@ def check_hierarchical_all_reduce(fn: Callable[[np.ndarray, int], None]) -> None
 
 def check_two_level_times(flat_fn: Callable, hier_fn: Callable) -> None:
     """``flat_fn(n, G, N, a1, b1, a2, b2)`` = a flat ring paced by its slowest hop; ``hier_fn`` = the two-level time."""
-    import minidist as md
-
     for args in [(2e9, 8, 8, 1e-6, 300e9, 5e-6, 50e9), (10e9, 8, 512, 1e-6, 900e9, 5e-6, 50e9),
                  (1e6, 4, 2, 1e-6, 450e9, 2e-6, 50e9)]:
         n, G, N, a1, b1, a2, b2 = args
         for name, fn, want, hint in [
-            ("flat_ring_time", flat_fn, md.estimate.collective_time("all_reduce", n, G * N, a2, b2, "ring"),
+            ("flat_ring_time", flat_fn, collective_time("all_reduce", n, G * N, a2, b2, "ring"),
              "every step waits for the slowest hop, which crosses the network: use the inter-node alpha and beta "
              "with p = G N"),
-            ("hierarchical_time", hier_fn, md.estimate.hierarchical_all_reduce_time(n, G, N, a1, b1, a2, b2),
+            ("hierarchical_time", hier_fn, hierarchical_all_reduce_time(n, G, N, a1, b1, a2, b2),
              "2(G-1) a1 + 2(G-1)/G n/b1 inside the node, plus a ring all-reduce of n/G across N nodes"),
         ]:
             got = attempt(name, fn, *args)

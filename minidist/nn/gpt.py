@@ -68,7 +68,7 @@ class GPTConfig:
     moe_balance: str = "aux_loss"  # or "bias": DeepSeek-V3's auxiliary-loss-free routing biases (set aux_loss_coef=0)
     bias_update: float = 1e-3  # with moe_balance="bias": how far each bias moves per step
     # None: the router chooses; "balanced" or E fractions: tokens dealt to experts by plan (nn.moe.planned_experts),
-    # the routing a run without values can do (md.parallel.train(shape_only=True))
+    # the routing a run without values can do (md.parallel.Backend(shape_only=True))
     expert_load: str | tuple | None = None
     # attention architecture (chapter 31a)
     window: int | None = None

@@ -5,7 +5,7 @@ A router scores every token against ``E`` expert MLPs, keeps the ``top_k`` best 
 probabilities, renormalised over the chosen experts when k > 1) and sends the token to those
 experts only; the output is the gate-weighted sum of their outputs. The routing is sparse, so
 parameters scale with E while FLOPs per token scale with k, which is what expert parallelism
-(``minidist/parallel/expert_parallel.py``) exploits: experts live on different devices and the
+(``minidist/parallel/expert/expert_parallel.py``) exploits: experts live on different devices and the
 tokens travel to them.
 
 * **Capacity**: an expert accepts at most ``C = ceil(cf * T * k / E)`` assignments per batch of T
@@ -304,3 +304,9 @@ def idle_expert_params(model: Module) -> set[str]:
                      for path, m in model.named_modules() if isinstance(m, MoE) and "kept" in step_stats(m)
                      for e in np.flatnonzero(np.asarray(step_stats(m)["kept"]) == 0))
     return {name for name, _ in model.named_parameters() if prefixes and name.startswith(prefixes)}
+
+
+def is_expert_param(name: str) -> bool:
+    """Whether a parameter (by name) belongs to an expert (a ``MoE.experts`` entry), i.e. is sharded over ep
+    rather than replicated."""
+    return ".experts." in f".{name}"

@@ -24,6 +24,7 @@ from minidist.hardware.cluster import Cluster
 from minidist.nn import GPTConfig
 from minidist.parallel.config import ParallelConfig
 from minidist.parallel.mesh import representatives
+from minidist.parallel.options import Backend, Precision
 from minidist.parallel.train import train
 
 
@@ -119,7 +120,8 @@ def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int,
     cluster = Cluster() if cluster is None else cluster
     start = time.perf_counter()
     res = train(model, parallel, steps=1, global_batch=global_batch, cluster=cluster, dtype="float16",
-                precision=precision, shape_only=True, backend="inprocess", representatives=True, timeout=timeout)
+                precision=Precision(precision),
+                backend=Backend("inprocess", shape_only=True, representatives=True, timeout=timeout))
     wall = time.perf_counter() - start
     step = float(res.time[0])
     busy = res.trace.busy_within([w[0] for w in res.windows])  # each rank's seconds of compute in its step

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minidist.parallel.config import ParallelConfig
+from minidist.parallel.options import Resilience
 from minidist.parallel.train import train
 from minidist.resilience.failures import Faults
 
@@ -46,7 +47,7 @@ def checkpoint_cost(model_config, layout: ParallelConfig | None = None, cluster=
     plain = train(model_config, layout, steps=steps, global_batch=global_batch, cluster=cluster)
     with tempfile.TemporaryDirectory() as d:
         saved = train(model_config, layout, steps=steps, global_batch=global_batch, cluster=cluster,
-                      checkpoint_dir=d, checkpoint_every=1)
+                      resilience=Resilience(d, every=1))
     return float(np.mean(plain.time[1:])), max(saved.checkpoint_blocked) / steps
 
 
@@ -62,8 +63,8 @@ def sweep_checkpoint_interval(model_config, intervals, mtbf: float, steps: int, 
     for i, (k, seed) in enumerate(runs):
         with tempfile.TemporaryDirectory() as d:
             r = train(model_config, layout, steps=steps, global_batch=global_batch, cluster=cluster,
-                      checkpoint_dir=d, checkpoint_every=int(k), restart=True,
-                      faults=Faults(mtbf=mtbf, seed=seed, in_place=True, restart_seconds=restart_seconds))
+                      resilience=Resilience(d, every=int(k), restart=True, faults=Faults(
+                          mtbf=mtbf, seed=seed, in_place=True, restart_seconds=restart_seconds)))
         if not all(np.array_equal(r.params[n], base.params[n]) for n in base.params):
             raise AssertionError(f"sweep: the run with checkpoints every {k} steps did not end where the "
                                  f"failure-free run ends")

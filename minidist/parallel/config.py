@@ -98,7 +98,7 @@ class ParallelConfig:
     # with recompute="full": only the first n layers of each stage (model chunk) are recomputed, Megatron's
     # --recompute-method block --recompute-num-layers n; None: all of them
     recompute_layers: int | None = None
-    # gradient compression (chapter 28): a compressor of md.parallel.compression (TopK, PowerSGD, ...) that
+    # gradient compression (chapter 28): a compressor of md.parallel.data.compression (TopK, PowerSGD, ...) that
     # replaces the data-parallel all-reduce; plain DDP only (ZeRO and FSDP reduce-scatter shards instead)
     compression: object = None
 
@@ -156,7 +156,7 @@ class ParallelConfig:
             raise ValueError(f"ParallelConfig: prefetch must be an int >= 0, got {self.prefetch!r}")
         if self.compression is not None:
             if not (hasattr(self.compression, "reduce") and hasattr(self.compression, "payload_bytes")):
-                raise ValueError(f"ParallelConfig: compression must be a compressor of md.parallel.compression "
+                raise ValueError(f"ParallelConfig: compression must be a compressor of md.parallel.data.compression "
                                  f"(TopK(0.01), PowerSGD(2), ...), got {self.compression!r}")
             if self.zero_stage or self.fsdp:
                 raise ValueError("ParallelConfig: compression replaces DDP's all-reduce; it does not combine with "

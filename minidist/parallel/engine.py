@@ -46,7 +46,7 @@ class MicroBatches:
 
 
 class PipelineEngine:
-    """A pipeline schedule over this rank's stage (:class:`~minidist.parallel.pipeline.PipelineExecutor`).
+    """A pipeline schedule over this rank's stage (:class:`~minidist.parallel.pipeline.executor.PipelineExecutor`).
 
     ``ends``: with tied embeddings, the group of this pipeline's first and last stage, which both hold
     the embedding matrix: the loss depends on it through both uses, so after each stage has reduced

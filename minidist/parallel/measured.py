@@ -17,7 +17,7 @@ import numpy as np
 from minidist import dist
 from minidist.data import get_batch, load_tokens
 from minidist.nn import GPT
-from minidist.parallel.flat_optim import FlatOptimizer
+from minidist.parallel.data.flat_optim import FlatOptimizer
 from minidist.parallel.memory import NOT_BOOKED, state_bytes_per_param
 from minidist.parallel.mesh import build_mesh
 from minidist.parallel.parallelize import parallelize

@@ -34,10 +34,11 @@ NOT_BOOKED = (
     "numpy temporaries of the forward and backward: the gradients flowing between layers and the scratch of "
     "each op, alive for one op",
     "a parameter's .grad from the moment the backward computes it until it is copied into its gradient bucket "
-    "(DDP, ZeRO-1: one parameter at a time) or its bucket or unit is complete and flattened (ZeRO-2: the "
-    "bucket still filling; ZeRO-3/FSDP: the unit still in its backward)",
-    "the copies a collective makes (a ZeRO all-gather's copy of the shard) and the optimizer's scratch "
-    "(cache-sized blocks)",
+    "(DDP, ZeRO-1, ZeRO-2: one parameter at a time) or its unit is complete and flattened (ZeRO-3/FSDP: the "
+    "unit still in its backward)",
+    "the copies a collective makes (a reduce-scatter's working copy of its input bucket, a ZeRO all-gather's "
+    "copy of the shard; ZeRO-2's reduced slice before it is added into the gradient shard) and the "
+    "optimizer's scratch (cache-sized blocks)",
     "the Python objects around the arrays (the autograd graph's nodes and closures, modules, dicts)",
 )
 

@@ -26,26 +26,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minidist import dist
-from minidist.parallel.compression import CompressedDataParallel
 from minidist.parallel.config import ParallelConfig
-from minidist.parallel.context_parallel import CPGroup, context_parallelize
-from minidist.parallel.data_parallel import DataParallel, make_buckets
+from minidist.parallel.context.context_parallel import CPGroup, context_parallelize
+from minidist.parallel.data.compression import CompressedDataParallel
+from minidist.parallel.data.data_parallel import DataParallel, make_buckets
+from minidist.parallel.data.flat_optim import FlatOptimizer
+from minidist.parallel.data.fsdp import ShardedModel
+from minidist.parallel.data.zero import ZeroOptimizer
 from minidist.parallel.engine import MicroBatches, PipelineEngine
-from minidist.parallel.expert_data_parallel import ExpertDataParallel
-from minidist.parallel.expert_parallel import EPGroup, expert_parallelize
-from minidist.parallel.flat_optim import FlatOptimizer
-from minidist.parallel.fsdp import ShardedModel
+from minidist.parallel.expert.expert_data_parallel import ExpertDataParallel
+from minidist.parallel.expert.expert_parallel import EPGroup, expert_parallelize
 from minidist.parallel.memory import ActivationLedger
 from minidist.parallel.mesh import BATCH, DENSE_GRAD, EXPERT_GRAD, pipeline_ends
 from minidist.parallel.offload import HostOptimizer, HostParams, HostTier
-from minidist.parallel.pipeline import PipelineExecutor
-from minidist.parallel.pipeline_stages import stage_layout
+from minidist.parallel.pipeline.executor import PipelineExecutor
+from minidist.parallel.pipeline.stages import stage_layout
 from minidist.parallel.recompute import selective_core
 from minidist.parallel.refusals import build_schedule
 from minidist.parallel.runner import Runner
-from minidist.parallel.tensor_parallel import TPGroup
-from minidist.parallel.tensor_parallel_model import shard_axes, tensor_parallelize
-from minidist.parallel.zero import ZeroOptimizer
+from minidist.parallel.tensor.tensor_parallel import TPGroup
+from minidist.parallel.tensor.tensor_parallel_model import shard_axes, tensor_parallelize
 from minidist.runtime.context import current
 from minidist.runtime.mesh import DeviceMesh
 

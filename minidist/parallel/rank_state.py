@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minidist.parallel.flat import assemble
+from minidist.parallel.data.flat import assemble
 
 MOMENTS = {"adamw": ("m", "v"), "sgd": ("momentum_buffer",)}
 

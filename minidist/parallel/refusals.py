@@ -12,10 +12,10 @@ other combination of the strategies trains exactly like one device.
 from __future__ import annotations
 
 from minidist.parallel.config import ParallelConfig
-from minidist.parallel.context_parallel import LAYOUTS, METHODS
-from minidist.parallel.schedule_walk import check_schedule
-from minidist.parallel.schedules import ALIASES, make_schedule
-from minidist.parallel.tensor_parallel_model import check_divisible
+from minidist.parallel.context.context_parallel import LAYOUTS, METHODS
+from minidist.parallel.pipeline.schedule_walk import check_schedule
+from minidist.parallel.pipeline.schedules import ALIASES, make_schedule
+from minidist.parallel.tensor.tensor_parallel_model import check_divisible
 
 
 def check_layout(cfg, pc: ParallelConfig, global_batch: int) -> None:
@@ -111,10 +111,8 @@ def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: boo
                      backend: str, needs_values: bool) -> None:
     """What a run without values cannot do: checkpoint, restart, scale losses (each reads values), route tokens
     by score; representatives stand for ranks only in a shape-only run in this process (the others have no values
-    to send), and for expert-parallel ranks only when every rank's experts receive the same rows."""
-    if representatives and (not shape_only or backend != "inprocess"):
-        raise ValueError("parallel.train: representatives=True needs shape_only=True and backend='inprocess' "
-                         "(ranks that are not simulated have no values to send)")
+    to send: ``options.Backend`` checks it), and for expert-parallel ranks only when every rank's experts receive the
+    same rows."""
     if shape_only and needs_values:
         raise ValueError("parallel.train: shape_only=True runs without values, so it cannot checkpoint, restart "
                          "or scale losses (each depends on the values)")
@@ -135,12 +133,3 @@ def check_shape_only(cfg, pc: ParallelConfig, global_batch: int, shape_only: boo
                 f"positions a rank holds (its rows, or each cp chunk) divisible by n_experts={cfg.n_experts} (got "
                 f"expert_load={cfg.expert_load!r}, {tokens} assignments per run); run every rank "
                 f"(representatives=False) for an uneven load")
-
-
-def check_resilience(checkpoint_dir, resume) -> None:
-    """``train``'s checkpoint options: ``resume``'s spelling and what it needs. (A checkpoint saves everything a
-    step reads: weights, moments, the data order, the loss scaler and the routing biases; nothing is refused.)"""
-    if resume is not True and resume is not False and resume != "or-start-over":
-        raise ValueError(f"parallel.train: resume must be True, False or 'or-start-over', got {resume!r}")
-    if resume and checkpoint_dir is None:
-        raise ValueError(f"parallel.train: resume={resume!r} needs checkpoint_dir")

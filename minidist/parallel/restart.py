@@ -69,8 +69,6 @@ class Attempts:
 
     def __init__(self, plan: CheckpointPlan | None, faults: Faults | None, restart: bool, max_restarts: int,
                  resume: bool | str, steps: int | None = None) -> None:
-        if not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"parallel.train: max_restarts must be an int >= 0, got {max_restarts!r}")
         self.plan, self.faults, self.restart, self.resume = plan, faults, restart, resume
         self.max_restarts, self.steps = max_restarts, steps
         self.losses: list[float] = []  # of the steps before the state resumed from

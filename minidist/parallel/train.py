@@ -11,10 +11,9 @@ gradient is the gradient of the global mean loss whatever the split.
 
 from __future__ import annotations
 
-import math
 import numbers
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -23,64 +22,22 @@ from minidist.autograd.shape_only import building
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, update_route_bias
-from minidist.parallel.checkpointing import Attempt, CheckpointPlan
+from minidist.parallel.checkpointing import Attempt
 from minidist.parallel.config import ParallelConfig
-from minidist.parallel.flat_optim import FlatOptimizer
+from minidist.parallel.data.flat_optim import FlatOptimizer
 from minidist.parallel.mesh import DENSE_GRAD, build_mesh
 from minidist.parallel.mesh import representatives as mesh_representatives
 from minidist.parallel.mixed_precision import MixedPrecision, unscale_and_agree
+from minidist.parallel.options import SGD, AdamW, Backend, Precision, Resilience, options
 from minidist.parallel.parallelize import parallelize, split_sizes
-from minidist.parallel.pipeline_stages import layer_costs
+from minidist.parallel.pipeline.stages import layer_costs
 from minidist.parallel.rank_state import gather_state
-from minidist.parallel.refusals import check_layout, check_resilience, check_shape_only
+from minidist.parallel.refusals import check_layout, check_shape_only
 from minidist.parallel.restart import Attempts, after_setup, step_loss, step_times
-from minidist.parallel.tensor_parallel_model import merge_tensor_parallel
-from minidist.resilience.failures import Faults
+from minidist.parallel.result import TrainResult
+from minidist.parallel.tensor.tensor_parallel_model import merge_tensor_parallel
 from minidist.runtime import launch
 from minidist.runtime.context import current
-
-
-@dataclass
-class TrainResult:
-    """What a run measured. ``time``: simulated seconds per step (slowest rank; the first step from the moment the
-    last rank finished its setup, as ``windows[r][0]`` starts, ``restart.step_times``); ``memory[r]``: rank r's peak
-    bytes per ledger category; ``comm_bytes[s][r]``: bytes rank r sent on links during step s (from its own start)."""
-
-    losses: list[float]
-    params: dict[str, np.ndarray]
-    grads: dict[str, np.ndarray]
-    time: list[float]
-    memory: list[dict[str, float]]
-    trace: object
-    comm_bytes: list[list[float]]
-    host_memory: list[dict[str, float]] = field(default_factory=list)
-    rank_params: list[dict[str, np.ndarray]] | None = None  # replicated layouts: every rank's weights
-    activations: dict = field(default_factory=dict)
-    state_bytes: dict = field(default_factory=dict)
-    num_params: int = 0
-    windows: list[list[tuple[float, float]]] = field(default_factory=list)
-    # a resilient run (checkpoint_dir / faults): simulated seconds from start to end including failures, lost
-    # work, restarts and checkpoints; what failed; the simulated seconds each rank's steps waited for checkpoints
-    total_time: float = 0.0
-    failures: list[dict] = field(default_factory=list)
-    lost_time: float = 0.0
-    checkpoint_blocked: list[float] = field(default_factory=list)
-    peak_memory: list[float] = field(default_factory=list)  # rank r's peak of all categories together (bytes)
-    peak_breakdown: list[dict[str, float]] = field(default_factory=list)  # rank r's categories at that peak
-    memory_timeline: list[list[tuple[float, float]]] = field(default_factory=list)  # rank r: (seconds, bytes held)
-    loss_scales: list[float] = field(default_factory=list)  # mixed precision: the loss scale of every step
-    skipped_steps: int = 0  # steps skipped because a gradient overflowed
-    shape_only: bool = False  # trained on arrays with shapes and no values: no losses, weights or gradients
-
-    def __repr__(self) -> str:
-        if self.shape_only:
-            loss = "no loss values (shape only)"
-        elif self.losses:
-            loss = f"loss {self.losses[0]:.4f} -> {self.losses[-1]:.4f}"
-        else:
-            loss = "no steps"
-        sim = f", {np.mean(self.time) * 1e3:.4g} ms/step simulated" if self.time else ""
-        return f"TrainResult({len(self.losses)} steps, {loss}{sim})"
 
 
 def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int, seed: int, optimizer: str,
@@ -158,25 +115,23 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
             **par.report}
 
 
-def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, seed: int = 0,
-          cluster=None, dtype: str = "float64", optimizer: str = "adamw", lr: float = 1e-3,
-          weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-          momentum: float = 0.9, data=None, timeout: float = 120, checkpoint_dir: str | None = None,
-          checkpoint_every: int | None = None, async_checkpoint: bool = False, resume: bool | str = False,
-          restart: bool = False, faults: Faults | None = None, max_restarts: int = 20, precision: str | None = None,
-          loss_scale: str | float | None = None, backend: str = "sim", shape_only: bool = False,
-          representatives: bool = False) -> TrainResult:
+def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, global_batch: int = 8, *,
+          optimizer: AdamW | SGD | str = "adamw", precision: Precision | None = None,
+          resilience: Resilience | None = None, backend: Backend | str = "sim", seed: int = 0, cluster=None,
+          dtype: str = "float64", data=None, **old) -> TrainResult:
     """Train ``GPT(model_config, seed)`` for ``steps`` optimizer steps of ``global_batch`` sequences.
 
     ``parallel`` lays the step out on ``parallel.world_size`` simulated devices (default: one); a layout
     or estimate from ``md.estimate.plan`` is accepted too (``ParallelConfig.from_layout``).
     ``data``: a 1-D array of token ids (default: the package's toy corpus); batches are drawn from it
-    with a generator seeded by ``seed``, identically for every layout. ``optimizer``: ``"adamw"``
-    (PyTorch's AdamW) or ``"sgd"`` (with ``momentum``). Runs ``md.launch`` and returns a
-    :class:`TrainResult`.
+    with a generator seeded by ``seed``, identically for every layout. ``optimizer``: ``md.parallel.AdamW(lr=...)``
+    (PyTorch's AdamW) or ``md.parallel.SGD(lr=..., momentum=...)``; ``"adamw"`` and ``"sgd"`` name their defaults. Runs
+    ``md.launch`` and returns a :class:`TrainResult`. One object per concern (``parallel/options.py``), each checked
+    when made; the old keywords (``lr=``, ``checkpoint_dir=``, ``precision="bf16"``, ``shape_only=``, ...) still work
+    for this release and warn once each (``DeprecationWarning``).
 
-    Resilience (chapter 26): ``checkpoint_dir`` and ``checkpoint_every`` write a sharded checkpoint every
-    that many steps (``async_checkpoint``: in the background); ``resume=True`` starts from the newest intact
+    ``resilience=md.parallel.Resilience(...)`` (chapter 26): ``checkpoint_dir`` and ``every`` write a sharded
+    checkpoint every that many steps (``async_``: in the background); ``resume=True`` starts from the newest intact
     checkpoint there, whatever layout wrote it, skipping damaged ones with a warning (each manifest carries its own
     SHA-256 and lists its files' SHA-256s: nothing unverified is loaded; ``md.resilience.seal`` vouches for one
     written before manifests had a checksum). With no checkpoint there yet (an empty or missing directory) it starts
@@ -190,14 +145,15 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     checkpoint holds the weights, the optimizer's moments, the data order, the loss scaler and the routing biases,
     so a resumed or restarted run equals the uninterrupted one.
 
-    Mixed precision (chapter 30): ``precision`` ("bf16", "fp16" or "fp8") runs the matrix products in that format
-    over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes per parameter and charges each op
-    the format's bytes and peak (``mixed_precision.CHARGES``); ``loss_scale`` (default dynamic for fp16) scales the
-    loss, and a step any rank's gradient overflowed is skipped by all (``loss_scales``, ``skipped_steps`` in the
-    result).
+    ``precision=md.parallel.Precision(format, loss_scale)`` (chapter 30): ``format`` ("bf16", "fp16", "fp8") runs
+    the matrix products in that format over an fp32 master copy (``md.precision.autocast``), books 2 + 2 + 12 bytes
+    per parameter and charges each op the format's bytes and peak (``mixed_precision.CHARGES``); ``loss_scale``
+    (default dynamic for fp16) scales the loss, and a step any rank's gradient overflowed is skipped by all
+    (``loss_scales``, ``skipped_steps`` in the result).
 
-    ``backend="mpi"`` runs the ranks under ``mpiexec`` (``md.launch``): the same losses and weights, bitwise;
-    ``backend="inprocess"`` runs them as threads of this process taking turns, bitwise the same too.
+    ``backend=md.parallel.Backend(name, shape_only, representatives, timeout)`` or its name: ``"mpi"`` runs the
+    ranks under ``mpiexec`` (``md.launch``): the same losses and weights, bitwise; ``"inprocess"`` runs them as
+    threads of this process taking turns, bitwise the same too.
 
     ``shape_only=True`` trains a model whose arrays have shapes and no values (``md.autograd.shape_only``): every
     op, message and booking is charged as with data, so ``time`` and the memory fields are those of the real run,
@@ -215,47 +171,32 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     for name, value in (("steps", steps), ("global_batch", global_batch), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < (0 if name == "seed" else 1):
             raise ValueError(f"parallel.train: {name} must be an int >= {0 if name == 'seed' else 1}, got {value!r}")
-    if optimizer not in ("adamw", "sgd"):
-        raise ValueError(f"parallel.train: optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-    for name, value in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps), ("momentum", momentum)):
-        if not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"parallel.train: {name} must be a finite number >= 0, got {value!r}")
-    if len(betas) != 2 or not all(isinstance(b, numbers.Real) and 0 <= b < 1 for b in betas):
-        raise ValueError(f"parallel.train: betas must be two numbers in [0, 1), got {betas!r}")
-    mp = MixedPrecision(precision, loss_scale)
-    check_resilience(checkpoint_dir, resume)
+    opt, prec, res_opts, back = options(optimizer, precision, resilience, backend, old)
+    mp, faults, backend = prec.mixed(), res_opts.faults, back.name
     cfg = replace(model_config, dtype=dtype)
     check_layout(cfg, pc, global_batch)
     tokens = load_tokens(20_000, seed=0)[0] if data is None else np.asarray(data, dtype=np.int64).reshape(-1)
     if tokens.max() >= cfg.vocab_size:
         raise ValueError(f"parallel.train: the data holds token id {int(tokens.max())} but vocab_size is "
                          f"{cfg.vocab_size}")
-    hyper = {"lr": lr, "weight_decay": weight_decay}
-    hyper.update({"betas": tuple(betas), "eps": eps} if optimizer == "adamw" else {"momentum": momentum})
     cluster = Cluster() if cluster is None else cluster
-    plan = None
-    if checkpoint_dir is not None or checkpoint_every is not None:
-        every_ok = checkpoint_every is None or (isinstance(checkpoint_every, int) and checkpoint_every >= 1)
-        if checkpoint_dir is None or not every_ok:
-            raise ValueError(f"parallel.train: checkpoints need checkpoint_dir (and checkpoint_every None or an int "
-                             f">= 1), got {checkpoint_dir!r} and {checkpoint_every!r}")
-        plan = CheckpointPlan(str(checkpoint_dir), checkpoint_every, bool(async_checkpoint))
+    plan = res_opts.plan()
     if pc.algorithm == "native" and backend != "mpi":
         raise ValueError("parallel.train: algorithm='native' runs MPI's own collectives: it needs backend='mpi'")
-    if backend == "mpi" and (faults is not None or restart):
+    if backend == "mpi" and (faults is not None or res_opts.restart):
         raise ValueError("parallel.train: faults and restarts are simulated on the shared-memory backend only "
                          "(backend='sim')")
     if faults is not None:
         faults.check(pc.world_size)
-    check_shape_only(cfg, pc, global_batch, shape_only, representatives, backend,
-                     (faults is not None and not faults.timing_only) or restart or plan is not None
+    check_shape_only(cfg, pc, global_batch, back.shape_only, back.representatives, backend,
+                     (faults is not None and not faults.timing_only) or res_opts.restart or plan is not None
                      or mp.scaler() is not None)
-    represent = mesh_representatives(pc, global_batch).__getitem__ if representatives else None
-    attempts = Attempts(plan, faults, restart, max_restarts, resume, steps)
+    represent = mesh_representatives(pc, global_batch).__getitem__ if back.representatives else None
+    attempts = Attempts(plan, faults, res_opts.restart, res_opts.max_restarts, res_opts.resume, steps)
     res = attempts.run(lambda attempt: launch(
-        _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, optimizer, hyper, tokens,
-                                                     attempt, mp, bool(shape_only)),
-        cluster=cluster, timeout=timeout, backend=backend, represent=represent))
+        _rank_train, world_size=pc.world_size, args=(cfg, pc, steps, global_batch, seed, opt.name, opt.hyper(), tokens,
+                                                     attempt, mp, bool(back.shape_only)),
+        cluster=cluster, timeout=back.timeout, backend=backend, represent=represent))
     out = list(res)
     start = out[0]["start"]
     lead = [o for o in out if o.get("tp_rank", 0) == 0]  # tensor-parallel peers report the same loss
@@ -267,7 +208,7 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     per_rep = {r: res.trace.bytes_within(r, windows[r][:ran]) for r in set(rep)}
     comm = [[per_rep[rep[r]][s] for r in range(len(out))] for s in range(ran)]
     windows = after_setup(windows)
-    if shape_only:
+    if back.shape_only:
         params, grads, rank_params = {}, {}, None
     else:
         replicated = "full" in out[0]["params"]
@@ -283,8 +224,8 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         memory_timeline=[list(m.timeline) for m in res.memory], comm_bytes=comm,
         host_memory=[o["host"] for o in out if o["host"] is not None],
         rank_params=rank_params,
-        activations=out[0]["acts"], state_bytes=mp.state_bytes(dtype, optimizer),
+        activations=out[0]["acts"], state_bytes=mp.state_bytes(dtype, opt.name),
         num_params=out[0]["num_params"], windows=windows,
         total_time=attempts.elapsed + max(o["end"] for o in out), failures=attempts.failures + out[0]["failures"],
         lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=[o["blocked"] for o in out],
-        loss_scales=out[0]["scales"], skipped_steps=out[0]["skipped"], shape_only=bool(shape_only))
+        loss_scales=out[0]["scales"], skipped_steps=out[0]["skipped"], shape_only=bool(back.shape_only))

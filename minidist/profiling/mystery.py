@@ -9,8 +9,8 @@ exposed share of the step) show. Hardware faults make the step slower than the e
 (**validation** against ``predicted_step``); faults of the configuration are in the estimate already.
 
 The seed draws the fault, the rank or link it hits, its size and the world size (2 to 8 ranks), so a diagnosis
-can be graded on runs nobody has seen. The runs are shape-only (``md.parallel.train(shape_only=True)``): the
-same clocks, messages and memory as with values, in a fraction of a second.
+can be graded on runs nobody has seen. The runs are shape-only (``md.parallel.train(backend=Backend(...,
+shape_only=True))``): the same clocks, messages and memory as with values, in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from minidist.estimate import predict_train
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPTConfig
-from minidist.parallel import ParallelConfig, train
+from minidist.parallel import Backend, ParallelConfig, Resilience, train
 from minidist.resilience import Faults
 
 # the causes in the protocol's order: memory, compute (two), communication (two), scaling
@@ -112,7 +112,7 @@ def mystery_run(seed: int, cause: str | None = None) -> Mystery:
         layout = dict(pp=2, microbatches=int(rng.choice([4, 8])))
     pc = ParallelConfig(**layout)
     batch = _PER_RANK_BATCH * pc.dp
-    run = train(model, pc, steps=2, global_batch=batch, cluster=cluster, faults=faults, backend="inprocess",
-                shape_only=True)
+    run = train(model, pc, steps=2, global_batch=batch, cluster=cluster, resilience=Resilience(faults=faults),
+                backend=Backend("inprocess", shape_only=True))
     predicted = predict_train(model, pc, batch).step_time
     return Mystery(int(seed), run, p, Cluster(), predicted, (kind, subject, REMEDY_OF[kind]))

@@ -1,7 +1,7 @@
 """Surviving failures (chapter 26, lab 17): sharded atomic checkpoints, injected faults, Young-Daly.
 
-``md.parallel.train(..., checkpoint_dir=, checkpoint_every=, faults=Faults(...), restart=True)`` uses
-these; the checkpoint files and the failure arithmetic are usable on their own.
+``md.parallel.train(..., resilience=md.parallel.Resilience(checkpoint_dir, every, faults=Faults(...),
+restart=True))`` uses these; the checkpoint files and the failure arithmetic are usable on their own.
 """
 
 from minidist.resilience.failures import (

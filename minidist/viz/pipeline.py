@@ -22,7 +22,7 @@ def plot_pipeline(trace, ax=None, title: str | None = None, unit: str = "ms", la
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from minidist.parallel.schedules import Action, bubble_fraction
+    from minidist.parallel.pipeline.schedules import Action, bubble_fraction
 
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6, "": 1.0}.get(unit)
     if scale is None:
@@ -64,8 +64,8 @@ def pipeline_explorer(schedule: str = "1f1b", stages: int = 4, microbatches: int
     import matplotlib.pyplot as plt
 
     from minidist.estimate import pipeline_bubble
-    from minidist.parallel.schedule_walk import simulate
-    from minidist.parallel.schedules import NAMES, make_schedule
+    from minidist.parallel.pipeline.schedule_walk import simulate
+    from minidist.parallel.pipeline.schedules import NAMES, make_schedule
 
     sched_w = w.Dropdown(options=list(NAMES), value=schedule, description="schedule")
     p_w = w.IntSlider(value=stages, min=1, max=8, description="stages p")

@@ -22,7 +22,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.hardware.cluster import Cluster
-from minidist.parallel.async_sgd import earliest
+from minidist.parallel.asynchronous.async_sgd import earliest
 from minidist.runtime import launch
 
 READ, WRITE, STOP = 0.0, 1.0, -1.0

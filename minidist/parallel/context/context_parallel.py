@@ -30,7 +30,7 @@ import numpy as np
 from minidist import dist
 from minidist.autograd import Function
 from minidist.autograd.shape_only import c_order
-from minidist.parallel.online_softmax import (
+from minidist.parallel.context.online_softmax import (
     _group,
     block_grads,
     block_state,
@@ -38,7 +38,7 @@ from minidist.parallel.online_softmax import (
     finalize,
     merge,
 )
-from minidist.parallel.ulysses import check_attention_args, ulysses_attention
+from minidist.parallel.context.ulysses import check_attention_args, ulysses_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 METHODS = ("ring", "ulysses")

@@ -27,7 +27,7 @@ import numpy as np
 from minidist import dist
 from minidist.autograd.shape_only import ShapeArray
 from minidist.autograd.shape_only import empty as shape_empty
-from minidist.parallel.data_parallel import DataParallel
+from minidist.parallel.data.data_parallel import DataParallel
 
 
 def _gather_sum(payload: np.ndarray, group, decode) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 
 from minidist import dist
 from minidist.collectives import offered
-from minidist.parallel.flat import FlatUnit
+from minidist.parallel.data.flat import FlatUnit
 from minidist.parallel.runner import Hooks
 
 

@@ -30,9 +30,8 @@ import numpy as np
 
 from minidist import dist
 from minidist.collectives import offered
-from minidist.nn.moe import idle_expert_params
-from minidist.parallel.expert_parallel import is_expert_param
-from minidist.parallel.flat import FlatUnit, describe
+from minidist.nn.moe import idle_expert_params, is_expert_param
+from minidist.parallel.data.flat import FlatUnit, describe
 from minidist.parallel.runner import Hooks
 
 

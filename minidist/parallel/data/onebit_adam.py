@@ -28,7 +28,7 @@ from minidist import dist
 from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT
-from minidist.parallel.local_sgd import LocalResult, _assign, _flat
+from minidist.parallel.asynchronous.local_sgd import LocalResult, _assign, _flat
 from minidist.runtime import launch
 
 

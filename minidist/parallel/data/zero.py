@@ -14,10 +14,13 @@ receives the sum of its own slice) and all-gather the updated weights: a ring al
 reduce-scatter followed by an all-gather, so the bytes are the same as data parallelism. Stage 1
 keeps full gradients and reduce-scatters once per step (accumulation stays local); stage 2 keeps
 only its gradient slice, so every micro-batch's buckets are reduce-scattered as they fill and
-added into that slice. A bucket's gradients are held in full until it is complete and reduced
-(``.grad`` while it fills, then a transient flat buffer; at most two alive), so stage 2 saves
-memory over stage 1 when buckets are smaller than the model, as in real runs (25 MB buckets,
-gigabytes of gradients); a bucket that holds the whole model holds a whole gradient.
+added into that slice. A bucket's gradients are held once, in full, while it fills and until it
+is reduced: its transient flat buffer is allocated when its first gradient arrives, each ``.grad``
+becomes a view of its slot there (as in data parallelism), and buffer and views are released once
+the reduce-scatter is done (at most two buckets alive: one reducing, one filling). So stage 2
+never holds a full gradient at the end of the forward, where activations peak; a bucket that holds
+the whole model fills during the backward while the activations are freed, and stage 2 saves more
+when buckets are smaller than the model, as in real runs (25 MB buckets, gigabytes of gradients).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import numpy as np
 
 from minidist import dist
 from minidist.collectives import offered
-from minidist.parallel.data_parallel import BucketedReducer
-from minidist.parallel.flat import describe
+from minidist.parallel.data.data_parallel import BucketedReducer
+from minidist.parallel.data.flat import describe
 
 
 class ZeroOptimizer(BucketedReducer):
@@ -42,21 +45,17 @@ class ZeroOptimizer(BucketedReducer):
         super().__init__(*args, **kwargs)
         self.grad_shards = ([np.zeros(u.shard_size, u.dtype, like=u.params[0].data) for u in self.units]
                             if stage == 2 else None)
-        if stage == 2:  # no standing full-size gradient buckets: each is allocated when it fills, freed once reduced
+        if stage == 2:  # no standing full-size gradient buckets: each allocated as it fills, freed once reduced
             self.flats = [None] * len(self.units)
 
     def _bucket(self, ui: int) -> np.ndarray:
-        """Stage 2: a transient buffer for bucket ``ui``, allocated (and booked) when its last gradient is in."""
-        if self.stage == 1:
+        """Stage 2: bucket ``ui``'s transient buffer, allocated (and booked) when its first gradient arrives."""
+        if self.stage == 1 or self.flats[ui] is not None:
             return self.flats[ui]
-        self._drain(keep=1)  # at most two buckets alive: one reducing, one just filled
-        flat = self.units[ui].empty()
+        self._drain(keep=1)  # at most two buckets alive: one reducing, one filling
+        flat = self.flats[ui] = self.units[ui].empty()
         self.ledger.alloc("buffers", flat.nbytes)
         return flat
-
-    def _into_bucket(self, ui: int, pi: int, p) -> None:
-        if self.stage == 1:  # stage 2: .grad holds the bucket's gradients until it is complete (then released)
-            super()._into_bucket(ui, pi, p)
 
     @property
     def accumulates_locally(self) -> bool:
@@ -79,8 +78,11 @@ class ZeroOptimizer(BucketedReducer):
                                               algorithm=offered("reduce_scatter", self.algorithm))
         # stage 2: the bucket is a transient buffer; its reduced slice is added into the gradient shard. Its
         # parameters' .grad (views of it) are released: the bucket lives on only until it is reduced.
-        for p in unit.params:
+        ui = self.units.index(unit)
+        for pi, p in enumerate(unit.params):
             p.grad = None
+            self._slots.pop((ui, pi), None)
+        self.flats[ui] = None
         out = np.empty(unit.shard_size, unit.dtype, like=flat)
         work = None
         if self.dp == 1:
@@ -88,7 +90,7 @@ class ZeroOptimizer(BucketedReducer):
         else:
             work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True,
                                               algorithm=offered("reduce_scatter", self.algorithm))
-        self._inflight.append((work, out, self.units.index(unit), flat))  # the bucket lives until it is reduced
+        self._inflight.append((work, out, ui, flat))  # the bucket lives until it is reduced
         return None
 
     def _drain(self, keep: int = 0) -> None:

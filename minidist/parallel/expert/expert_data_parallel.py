@@ -17,10 +17,9 @@ import re
 from contextlib import contextmanager
 
 from minidist import dist
-from minidist.nn.moe import idle_expert_params
-from minidist.parallel.data_parallel import DataParallel, make_buckets
-from minidist.parallel.expert_parallel import is_expert_param
-from minidist.parallel.zero import ZeroOptimizer
+from minidist.nn.moe import idle_expert_params, is_expert_param
+from minidist.parallel.data.data_parallel import DataParallel, make_buckets
+from minidist.parallel.data.zero import ZeroOptimizer
 
 
 def expert_buckets(named: list, bucket_bytes: float) -> list[list]:

@@ -177,8 +177,3 @@ def expert_parallelize(model, ep: EPGroup, placement=None):
             if placement is not None:
                 m.placement = placement
     return model
-
-
-def is_expert_param(name: str) -> bool:
-    """Whether a parameter (by name) belongs to an expert, i.e. is sharded over ep rather than replicated."""
-    return ".experts." in f".{name}"

@@ -9,7 +9,15 @@ rank without a message, and puts the embedding and the loss on rank 0.
 
 from __future__ import annotations
 
-from minidist.parallel.schedules import BUILDERS, Action, Schedule, ScheduleError, _args, rank_of, with_communication
+from minidist.parallel.pipeline.schedules import (
+    BUILDERS,
+    Action,
+    Schedule,
+    ScheduleError,
+    _args,
+    rank_of,
+    with_communication,
+)
 
 
 def dualpipev(stages: int, microbatches: int) -> Schedule:

@@ -10,7 +10,7 @@ and loss to the last. Each micro-batch's loss is scaled by its share of the glob
 gradients summed over micro-batches are the full batch's.
 
 Where the layers are cut is ``pipeline_stages.py``'s business (:func:`stage_layout`).
-:class:`PipelineExecutor` runs a :class:`~minidist.parallel.schedules.Schedule`'s action list on
+:class:`PipelineExecutor` runs a :class:`~minidist.parallel.pipeline.schedules.Schedule`'s action list on
 this rank: sends are ``isend`` (waited for at the end of the step), receives block. Each compute
 action is recorded as a ``pipeline`` event in the trace (name ``F3``, ``B3.1``, ...) for the Gantt
 chart, and its activations are held on the memory ledger from the forward until the backward (for
@@ -37,11 +37,11 @@ from minidist.data import get_batch, load_tokens
 from minidist.hardware.cluster import Cluster
 from minidist.nn import GPT, GPTConfig
 from minidist.parallel.memory import ActivationLedger, graph_bytes
-from minidist.parallel.pipeline_chunk import Chunk
-from minidist.parallel.pipeline_stages import stage_layout
+from minidist.parallel.pipeline.chunk import Chunk
+from minidist.parallel.pipeline.schedules import PLACEMENTS, Action, Schedule, rank_of, virtual_stage
+from minidist.parallel.pipeline.split_backward import WeightGradStore
+from minidist.parallel.pipeline.stages import stage_layout
 from minidist.parallel.runner import Hooks
-from minidist.parallel.schedules import PLACEMENTS, Action, Schedule, rank_of, virtual_stage
-from minidist.parallel.split_backward import WeightGradStore
 from minidist.runtime import launch
 from minidist.runtime.context import current
 

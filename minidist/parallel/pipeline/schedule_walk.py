@@ -10,7 +10,7 @@ without starting any process.
 from __future__ import annotations
 
 from minidist.hardware.trace import Event, Trace
-from minidist.parallel.schedules import COMPUTE, OPS, Action, Schedule, ScheduleError
+from minidist.parallel.pipeline.schedules import COMPUTE, OPS, Action, Schedule, ScheduleError
 
 
 def _validate(s: Schedule) -> None:

@@ -21,9 +21,9 @@ import numpy as np
 from minidist.autograd import Function, cost
 from minidist.nn.layers import Linear, affine
 from minidist.nn.module import Module, Parameter
-from minidist.parallel.sequence_parallel import replicated
-from minidist.parallel.split_backward import weight_grads
-from minidist.parallel.tensor_parallel import (
+from minidist.parallel.pipeline.split_backward import weight_grads
+from minidist.parallel.tensor.sequence_parallel import replicated
+from minidist.parallel.tensor.tensor_parallel import (
     CopyToTensorParallel,
     GatherFromTensorParallel,
     ScatterToTensorParallel,
@@ -32,7 +32,7 @@ from minidist.parallel.tensor_parallel import (
     all_gather_along,
     reduce_scatter_along,
 )
-from minidist.parallel.tp_overlap import (
+from minidist.parallel.tensor.tp_overlap import (
     all_gather_matmul,
     matmul_reduce_scatter,
     start_all_gather,

@@ -37,7 +37,7 @@ from minidist.autograd import Function
 from minidist.autograd import functional as F
 from minidist.autograd.shape_only import c_order
 from minidist.nn.layers import Dropout, Embedding, LayerNorm, RMSNorm
-from minidist.parallel.tensor_parallel import ScatterToSequenceParallel, TPGroup, _all_reduce
+from minidist.parallel.tensor.tensor_parallel import ScatterToSequenceParallel, TPGroup, _all_reduce
 
 _scope: dict[int, object] = {}  # id(parameter) -> the tensor to use for it inside replicated_scope
 

@@ -24,16 +24,21 @@ from minidist.nn.layers import Linear
 from minidist.nn.mlp import MLP
 from minidist.nn.module import Module
 from minidist.nn.moe import MoE
-from minidist.parallel.parallel_linear import ColumnParallelLinear, RowParallelLinear, _ParallelLinear, column_parallel
-from minidist.parallel.sequence_parallel import (
+from minidist.parallel.tensor.parallel_linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    _ParallelLinear,
+    column_parallel,
+)
+from minidist.parallel.tensor.sequence_parallel import (
     SequenceParallelDropout,
     SequenceParallelPositions,
     adopt,
     replicated_scope,
     sequence_parallel_norm,
 )
-from minidist.parallel.tensor_parallel import TPGroup
-from minidist.parallel.vocab_parallel import (
+from minidist.parallel.tensor.tensor_parallel import TPGroup
+from minidist.parallel.tensor.vocab_parallel import (
     TiedVocabParallelHead,
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,

@@ -25,8 +25,8 @@ from minidist.autograd.ops import TRANSCENDENTAL
 from minidist.collectives import offered
 from minidist.nn.layers import Embedding
 from minidist.nn.module import Module, Parameter
-from minidist.parallel.parallel_linear import _GatheredColumns
-from minidist.parallel.tensor_parallel import (
+from minidist.parallel.tensor.parallel_linear import _GatheredColumns
+from minidist.parallel.tensor.tensor_parallel import (
     CopyToTensorParallel,
     ReduceFromTensorParallel,
     ReduceScatterToSequenceParallel,
