@@ -45,22 +45,31 @@ def died(error: RankError) -> bool:
     return bool(error.errors) and error.errors.get(error.rank, ("",))[0] == "RankDied"
 
 
-def after_setup(windows: list[list]) -> list[list]:
+def after_setup(windows: list[list], synced=()) -> list[list]:
     """Every rank's step windows (``[(start, end)]`` per step), the first begun when the last rank finished its
-    setup (the broadcast of the initial weights, a checkpoint's read) rather than at the rank's own start.
+    setup (the broadcast of the initial weights, a checkpoint's read) rather than at the rank's own start, and so
+    each step of ``synced`` (the indices of the steps right after a checkpoint) when the last rank finished that
+    checkpoint.
 
-    The setup leaves the ranks' clocks apart, and the time an early rank then waits for the latest in the first
-    step's collectives is the setup's, not the step's: so the first step is timed like the others."""
+    The setup and a checkpoint leave the ranks' clocks apart (the checkpoint's publish barrier is root-based: it
+    releases the ranks one after another; ranks copy out shares of different sizes), and the time an early rank then
+    waits for the latest in the next step's collectives is the setup's or the checkpoint's, not the step's: so those
+    steps are timed like the others."""
     if not windows or not windows[0]:
         return windows
-    begin = max(w[0][0] for w in windows)
-    return [[(min(begin, w[0][1]), w[0][1]), *w[1:]] for w in windows]
+    out = [list(w) for w in windows]
+    for s in sorted({0, *synced}):
+        if s < len(out[0]):
+            begin = max(w[s][0] for w in out)
+            for w in out:
+                w[s] = (min(begin, w[s][1]), w[s][1])
+    return out
 
 
-def step_times(windows: list[list], n: int) -> list[float]:
+def step_times(windows: list[list], n: int, synced=()) -> list[float]:
     """The simulated seconds of an attempt's first ``n`` steps from every rank's step windows: the slowest rank's,
-    the first step from the end of the setup (:func:`after_setup`)."""
-    windows = after_setup(windows)
+    the first step from the end of the setup and a step after a checkpoint from its end (:func:`after_setup`)."""
+    windows = after_setup(windows, synced)
     return [max(w[s][1] - w[s][0] for w in windows) for s in range(n)]
 
 
@@ -145,7 +154,7 @@ class Attempts:
         n = len(metas[0]["losses"])  # the steps the writing attempt ran before this checkpoint
         lead = [m for m in metas if m["lead"]]
         self.losses = manifest["losses"] + [step_loss(m["losses"][s] for m in lead) for s in range(n)]
-        self.times = manifest["times"] + step_times([m["windows"] for m in metas], n)
+        self.times = manifest["times"] + step_times([m["windows"] for m in metas], n, metas[0].get("synced", ()))
         return {"step": manifest["step"], "full": merge(ranks), "rng": manifest["rng"], "losses": self.losses,
                 "times": self.times, "attempt": manifest["attempt"], "clock": manifest.get("clock", 0.0),
                 "loop": merge_loop(metas)}

@@ -71,8 +71,10 @@ class ResilienceReport:
 @dataclass
 class TrainResult:
     """What a run measured. ``time``: simulated seconds per step (slowest rank; the first step from the moment the
-    last rank finished its setup, as ``windows[r][0]`` starts, ``restart.step_times``); ``memory[r]``: rank r's peak
-    bytes per ledger category; ``comm_bytes[s][r]``: bytes rank r sent on links during step s (from its own start).
+    last rank finished its setup, as ``windows[r][0]`` starts, and a step right after a checkpoint from the moment
+    the last rank left it, ``restart.step_times``: an early rank's wait for that is in its ``checkpoint_blocked``);
+    ``memory[r]``: rank r's peak bytes per ledger category; ``comm_bytes[s][r]``: bytes rank r sent on links during
+    step s (from its own start).
 
     The same fields grouped by concern, read-only views made on each access: ``training`` (losses and weights),
     ``timing``, ``memory_use``, ``communication`` and ``resilience``. The flat fields stay, without warnings: the

@@ -67,9 +67,9 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
     run = run or Attempt()
     keeper = run.checkpointer(par, opt, mesh, clock, scaler)
     start = run.resume(par, opt, mesh, rng, clock, scaler)
-    losses, windows, grads = [], [], None
+    losses, windows, synced, grads = [], [], [], None  # synced: the steps right after a checkpoint
     lead = mesh.get_local_rank("tp") == 0
-    keeper.start(start, run.shared(rng, pc), {"losses": [], "windows": [], "lead": lead})
+    keeper.start(start, run.shared(rng, pc), {"losses": [], "windows": [], "synced": [], "lead": lead})
     step = start
     while step < steps:
         keeper.before_step(step)
@@ -98,13 +98,16 @@ def _rank_train(model_config, pc: ParallelConfig, steps: int, global_batch: int,
         if keeper.after_step(step):  # a failure survived in place: back to the newest checkpoint
             step = keeper.rollback(par, opt, rng)
             del losses[step - start:], windows[step - start:]
+            synced = [s for s in synced if s < len(windows)]
             continue
         step += 1
         dist.progress(step, steps, "step")
         if keeper.due(step):
-            keeper.save(step, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows), "lead": lead})
+            keeper.save(step, run.shared(rng, pc), {"losses": list(losses), "windows": list(windows),
+                                                    "synced": list(synced), "lead": lead})
+            synced.append(len(windows))  # the next step: timed from when the last rank left the checkpoint
     keeper.finish()
-    return {"losses": losses, "windows": windows, "grads": None if shapes else grads,
+    return {"losses": losses, "windows": windows, "synced": synced, "grads": None if shapes else grads,
             "params": None if shapes else reducer.param_state(),
             "host": None if par.host is None else dict(par.host.ledger.peak),
             "acts": [] if par.acts is None else par.acts.log, "num_params": num_params,
@@ -203,11 +206,16 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
     ran = steps - start  # an attempt that resumed ran the last steps only
     losses = attempts.losses + [step_loss(o["losses"][s] for o in lead) for s in range(ran)]
     windows = [o["windows"] for o in out]  # the bytes of each rank's own step, from its own start (below)
-    time = attempts.times + step_times(windows, ran)  # the first from the end of the last rank's setup
+    synced = out[0]["synced"]  # the steps after a checkpoint, timed from when the last rank left it
+    time = attempts.times + step_times(windows, ran, synced)  # the first from the end of the last rank's setup
     rep = getattr(res, "representatives", None) or list(range(len(out)))  # a rank's trace is its representative's
     per_rep = {r: res.trace.bytes_within(r, windows[r][:ran]) for r in set(rep)}
     comm = [[per_rep[rep[r]][s] for r in range(len(out))] for s in range(ran)]
-    windows = after_setup(windows)
+    aligned = after_setup(windows, synced)
+    # an early rank's wait, after a checkpoint, for the last to leave it: the checkpoint's time, not the next step's
+    blocked = [o["blocked"] + sum(aligned[r][s][0] - windows[r][s][0] for s in synced if s < len(windows[r]))
+               for r, o in enumerate(out)]
+    windows = aligned
     if back.shape_only:
         params, grads, rank_params = {}, {}, None
     else:
@@ -227,5 +235,5 @@ def train(model_config, parallel: ParallelConfig | None = None, steps: int = 1, 
         activations=out[0]["acts"], state_bytes=mp.state_bytes(dtype, opt.name),
         num_params=out[0]["num_params"], windows=windows,
         total_time=attempts.elapsed + max(o["end"] for o in out), failures=attempts.failures + out[0]["failures"],
-        lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=[o["blocked"] for o in out],
+        lost_time=attempts.lost + out[0]["lost"], checkpoint_blocked=blocked,
         loss_scales=out[0]["scales"], skipped_steps=out[0]["skipped"], shape_only=bool(back.shape_only))
