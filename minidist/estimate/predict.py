@@ -4,9 +4,10 @@
 Property: the simulator charges every op by the roofline and every message by alpha-beta, so a step's
 time is a sum of closed forms once the ops (``gpt_ops``), the collectives each strategy adds and the
 order they run in are known. This model walks one rank's step in that order with two streams, as the
-simulated clock does: compute ops and synchronous collectives (tensor parallelism, the ZeRO
-all-gathers) advance the program, and a synchronous collective also waits for the communication stream;
-the data-parallel buckets run on the communication stream as the backward releases them. Predicting
+simulated clock does: compute ops and synchronous collectives (tensor parallelism, the ZeRO all-gathers)
+advance the program, and a synchronous collective also waits for the communication stream; the
+data-parallel buckets run on the communication stream as the backward releases them (``stage_ops.py``:
+what each stage runs and holds; ``step_walks.py``: the order each kind of step runs in). Predicting
 the simulator is how the estimator of ``perf.py`` is checked against something that runs: the same
 constants, the same cluster, no fitted efficiency.
 
@@ -26,28 +27,12 @@ import numpy as np
 
 from minidist.estimate._check import choice, count
 from minidist.estimate.comm import collective_time, hierarchical_all_reduce_time
-from minidist.estimate.gpt_ops import (
-    Op,
-    Shard,
-    activation_bytes,
-    block_backward,
-    block_forward,
-    embed_backward,
-    embed_forward,
-    head_backward,
-    head_forward,
-    optimizer_bytes,
-)
-from minidist.estimate.moe_ops import (
-    moe_block_activation_bytes,
-    moe_block_backward,
-    moe_block_forward,
-    moe_head_backward,
-    moe_head_forward,
-    moe_parameters,
-)
+from minidist.estimate.gpt_ops import Op, Shard, optimizer_bytes
+from minidist.estimate.moe_ops import moe_parameters
 from minidist.estimate.pipeline import stage_orders
 from minidist.estimate.sharded_step import sharded_step
+from minidist.estimate.stage_ops import Stage, cut_buckets, even_cut, segments
+from minidist.estimate.step_walks import moe_step, ring_attention_pass, single_stage_step, walk_pipeline
 from minidist.estimate.streams import Streams as _Streams
 from minidist.hardware.cluster import Cluster
 from minidist.hardware.kernels import peak_format
@@ -164,78 +149,6 @@ def check_supported(model, parallel) -> None:
         raise ValueError("predict_train: not modelled yet: " + ", ".join(missing))
 
 
-def _buckets(sizes: list[int], bucket_elems: float, dp: int) -> list[tuple[int, int]]:
-    """``data_parallel.make_buckets`` over the parameters in the order their gradients finish (``sizes``):
-    cut after the one that fills a bucket. Per bucket: how many parameters it holds, its size padded to a
-    multiple of ``dp``."""
-    out, count, size = [], 0, 0
-    for n in sizes:
-        count, size = count + 1, size + n
-        if size >= bucket_elems:
-            out.append((count, -(-size // dp) * dp))
-            count = size = 0
-    if count:
-        out.append((count, -(-size // dp) * dp))
-    return out
-
-
-def _even_cut(layers: int, pieces: int) -> list[tuple[int, int]]:
-    size = layers // pieces
-    return [(j * size, (j + 1) * size) for j in range(pieces)]
-
-
-def _segments(lo: int, hi: int, every: int | None, first: int | None) -> list[tuple[int, bool]]:
-    """``md.parallel.recompute.segments`` as (layers, checkpointed) pairs."""
-    if every is None:
-        return [(1, False)] * (hi - lo)
-    if first is not None:
-        return [(1, i < lo + first) for i in range(lo, hi)]
-    return [(min(i + every, hi) - i, True) for i in range(lo, hi, every)]
-
-
-class _Stage:
-    """What one virtual stage computes, its forward and backward op lists (a checkpointed segment runs its
-    forward again before its backward), the activations it keeps from forward to backward and the largest
-    segment it rebuilds, and its parameters in the order their gradients finish."""
-
-    def __init__(self, x: Shard, segments: list[tuple[int, bool]], first: bool, last: bool) -> None:
-        self.first, self.last = first, last
-        acts = activation_bytes(x)
-        forward_ops, backward_ops = block_forward, block_backward
-        head_fwd, head_bwd = head_forward(x), head_backward(x)
-        if x.n_experts:  # every block's MLP is a mixture of experts (moe_ops.py); the loss adds their aux losses
-            acts["block"] = moe_block_activation_bytes(x)
-            forward_ops, backward_ops = moe_block_forward, moe_block_backward
-            head_fwd, head_bwd = moe_head_forward(x, len(segments)), moe_head_backward(x, len(segments))
-        fwd, bwd, held, rebuilt, freed, self.rebuilt_after_frees = [], [], 0.0, 0.0, 0.0, 0.0
-        for k, checkpointed in segments:
-            fwd += forward_ops(x) * k
-            bwd = (forward_ops(x) * k if checkpointed else []) + backward_ops(x) * k + bwd
-            held += x.t * x.h * x.e if checkpointed else k * acts["block"]  # a checkpoint keeps its output only
-            rebuilt = max(rebuilt, k * acts["block"] if checkpointed else 0.0)
-        for k, checkpointed in reversed(segments):
-            # without a pipeline each segment lets go of its activations once its backward is done, so a
-            # segment rebuilt late in the backward finds the later segments' memory already free
-            if checkpointed:
-                self.rebuilt_after_frees = max(self.rebuilt_after_frees, k * acts["block"] - freed)
-            freed += x.t * x.h * x.e if checkpointed else k * acts["block"]
-        self.forward = (embed_forward(x) if first else []) + fwd + (head_fwd if last else [])
-        self.backward = (head_bwd if last else []) + bwd + (embed_backward(x) if first else [])
-        self.held = held + (acts["embed"] if first else 0.0) + (acts["head"] if last else 0.0)
-        self.rebuilt = rebuilt
-        # the activations alive while each backward op runs: a segment lets go of its memory (and of what it
-        # rebuilt) when its input's gradient is in, after the gradients of its weights
-        alive, left = [], self.held
-        alive += [left] * (len(head_bwd) if last else 0)
-        for k, checkpointed in reversed(segments):
-            ops = (len(forward_ops(x)) if checkpointed else 0) * k + len(backward_ops(x)) * k
-            alive += [left + (k * acts["block"] if checkpointed else 0.0)] * ops
-            left -= x.t * x.h * x.e if checkpointed else k * acts["block"]
-        alive += [left] * (len(embed_backward(x)) if first else 0)
-        self.alive = alive
-        self.finish_order = [n for op in self.backward for n in op.grads]
-
-
 def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = None, *, dtype: str = "float64",
                   optimizer: str = "adamw", steps: int = 2) -> Prediction:
     """The step time and peak memory ``md.parallel.train(model, parallel, steps, global_batch)`` will measure.
@@ -298,21 +211,21 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
             if op.kind == "compute":
                 compute(st, op.name, op.flops, op.nbytes, op.shape)
             elif op.kind == "ring":
-                _ring(st, op, cp_link.alpha + op.nbytes / cp_link.beta, compute)
+                ring_attention_pass(st, op, cp_link.alpha + op.nbytes / cp_link.beta, compute)
             else:
                 st.sync(cost(op), op.axis)
 
     nvs = pp * v
     every = 1 if parallel.recompute == "full" else parallel.recompute if isinstance(parallel.recompute, int) else None
-    stages = [_Stage(x, _segments(lo, hi, every, parallel.recompute_layers), j == 0, j == nvs - 1)
-              for j, (lo, hi) in enumerate(_even_cut(L, nvs))]
+    stages = [Stage(x, segments(lo, hi, every, parallel.recompute_layers), j == 0, j == nvs - 1)
+              for j, (lo, hi) in enumerate(even_cut(L, nvs))]
     # a rank's parameters, in the order their gradients finish: its virtual stages from the last
     finish = [[n for c in reversed(range(v)) for n in stages[c * pp + r].finish_order] for r in range(pp)]
-    buckets = [_buckets(f, parallel.bucket_bytes / e, shards) for f in finish]
+    buckets = [cut_buckets(f, parallel.bucket_bytes / e, shards) for f in finish]
     if x.n_experts:  # two reducers (expert_data_parallel.py): dense weights over the data group, experts over dp
         dense, experts = moe_parameters(x, L)
-        buckets = [_buckets(dense[::-1], parallel.bucket_bytes / e, shards)]
-        expert_bks = [b for ex in experts[::-1] for b in _buckets(ex[::-1], parallel.bucket_bytes / e,
+        buckets = [cut_buckets(dense[::-1], parallel.bucket_bytes / e, shards)]
+        expert_bks = [b for ex in experts[::-1] for b in cut_buckets(ex[::-1], parallel.bucket_bytes / e,
                                                                       groups["expert"][0])]
         finish = [dense + [n for ex in experts for n in ex]]
     stage = parallel.zero_stage
@@ -339,16 +252,16 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
         if stage == 3:
             padded3, peak3 = sharded_step(ranks[0], x, L, m, shards, parallel.prefetch, run, cost)
         elif x.n_experts:
-            _moe_step(ranks[0], stages[0], m, buckets[0], expert_bks, run, cost, e)
+            moe_step(ranks[0], stages[0], m, buckets[0], expert_bks, run, cost, e)
             peak_acts[0] = held[0]
         elif pp == 1:
-            buffered = _single_stage_step(ranks[0], stages[0], buckets[0], m, shards, stage, reduce_op, run, cost,
+            buffered = single_stage_step(ranks[0], stages[0], buckets[0], m, shards, stage, reduce_op, run, cost,
                                           e)
             peak_acts[0] = held[0] + stages[0].rebuilt_after_frees
         else:
             hops = _stage_hops(parallel, cluster, x.t * x.h * e)
             orders = stage_orders(parallel.schedule, pp, m, v)
-            _walk(ranks, orders, stages, hops, run, peak_acts, held)
+            walk_pipeline(ranks, orders, stages, hops, run, peak_acts, held)
             for r, st in enumerate(ranks):
                 if shards > 1:
                     reduce(st, buckets[r])
@@ -388,56 +301,6 @@ def predict_train(model, parallel, global_batch: int, cluster: Cluster | None = 
     return Prediction(max(windows), terms, memory)
 
 
-def _single_stage_step(st, stage, buckets, m, dp, zero, reduce_op, run, cost, e) -> tuple[float, float]:
-    """Micro-batches one after another; the buckets reduce as the backward completes them (on the last
-    micro-batch for DDP and ZeRO-1, which accumulate locally; on every one for ZeRO-2). Returns ZeRO-2's
-    largest (activations, bucket buffers): a bucket is a transient buffer from the moment its first gradient
-    arrives until the next one's does (after it was reduced), so at most two are alive."""
-    largest = (0.0, 0.0)
-
-    def buffers(k: int) -> float:  # ZeRO-2's bucket buffers alive once k were allocated: the last two
-        return sum(n for _, n in buckets[max(k - 2, 0):k]) * e
-
-    for i in range(m):
-        reduce_now = zero == 2 or dp > 1 and i == m - 1
-        run(st, stage.forward)
-        finished, next_bucket, need, ends = 0, 0, buckets[0][0], []
-        started, first = 0, 0  # ZeRO-2: the buckets allocated so far, the index of the next one's first gradient
-        for op, alive in zip(stage.backward, stage.alive):
-            run(st, [op])
-            finished += len(op.grads)
-            while zero == 2 and started < len(buckets) and finished > first:
-                # the bucket's first gradient is in: its buffer is allocated beside the previous one (reducing),
-                # and the two stay alive until the next bucket's first gradient (beside any segment rebuilt meanwhile)
-                first, started = first + buckets[started][0], started + 1
-                largest = max(largest, (alive, buffers(started)), key=sum)
-            if zero == 2:
-                largest = max(largest, (alive, buffers(started)), key=sum)
-            while reduce_now and next_bucket < len(buckets) and finished >= need:
-                # the bucket's last gradient is in: its reduction starts on the communication stream
-                nbytes = buckets[next_bucket][1] * e
-                if dp > 1:
-                    ends.append(st.launch(cost(Op(reduce_op, 0, nbytes, reduce_op, "grad"))))
-                next_bucket += 1
-                need += buckets[next_bucket][0] if next_bucket < len(buckets) else 0
-        if ends:
-            st.wait(max(ends), "dp")
-    return largest
-
-
-def _moe_step(st, stage, m, dense_buckets, expert_buckets, run, cost, e) -> None:
-    """Micro-batches one after another, each gradient accumulated locally; then, as ``ExpertDataParallel``
-    does, every dense bucket's all-reduce over the data group, a wait, every expert bucket's over its
-    replicas (dp), a wait: no reduction overlaps the backward."""
-    for _ in range(m):
-        run(st, stage.forward)
-        run(st, stage.backward)
-    for bks, axis in ((dense_buckets, "grad"), (expert_buckets, "expert")):
-        ends = [st.launch(cost(Op("all_reduce", 0, n * e, "all_reduce", axis))) for _, n in bks]
-        if ends:
-            st.wait(max(ends), "dp")
-
-
 def _stage_hops(parallel, cluster: Cluster, nbytes: float) -> list[list[float]]:
     """Seconds of one activation message between pipeline ranks ``[a][b]``: over the node's links, or the
     network's where the two stages sit on different nodes (pp is the mesh's outermost axis, so a world of more
@@ -452,52 +315,6 @@ def _stage_hops(parallel, cluster: Cluster, nbytes: float) -> list[list[float]]:
     return [[hop(a, b) for b in range(parallel.pp)] for a in range(parallel.pp)]
 
 
-def _walk(ranks: list[_Streams], orders, stages: list[_Stage], hops: list[list[float]], run, peak_acts,
-          held) -> None:
-    """Every pipeline rank runs its passes in its schedule's order, as ``PipelineExecutor`` does: a receive
-    right before a pass whose input is on another rank (blocking), a send right after one whose output
-    another rank needs (asynchronous, waited for at the end of the step)."""
-    p = len(ranks)
-    nvs = len(stages)
-    pos = [0] * p
-    arrived: dict[tuple, float] = {}
-    sends: list[list[float]] = [[] for _ in range(p)]
-    live = [0.0] * p
-    while any(pos[r] < len(orders[r]) for r in range(p)):
-        moved = False
-        for r in range(p):
-            while pos[r] < len(orders[r]):
-                op, mb, chunk = orders[r][pos[r]]
-                vs = chunk * p + r
-                src = vs - 1 if op == "F" else vs + 1
-                if 0 <= src < nvs and src % p != r:
-                    key = (op, mb, src)
-                    if key not in arrived:
-                        break
-                    ranks[r].recv(arrived.pop(key), "pp")
-                st = ranks[r]
-                if op == "F":
-                    run(st, stages[vs].forward)
-                    live[r] += held[vs]
-                    peak_acts[r] = max(peak_acts[r], live[r])
-                else:
-                    peak_acts[r] = max(peak_acts[r], live[r] + stages[vs].rebuilt)
-                    run(st, stages[vs].backward)
-                    live[r] -= held[vs]
-                dst = vs + 1 if op == "F" else vs - 1
-                if 0 <= dst < nvs and dst % p != r:
-                    t = st.send(("pp", dst % p), hops[r][dst % p])
-                    arrived[(op, mb, vs)] = t
-                    sends[r].append(t)
-                pos[r] += 1
-                moved = True
-        if not moved:
-            raise RuntimeError("predict_train: the pipeline schedule deadlocks")  # stage_orders never does
-    for r in range(p):
-        if sends[r]:
-            ranks[r].wait(max(sends[r]), "pp")
-
-
 def _offered(op: str, algorithm: str | None) -> str | None:
     """A layout's ``algorithm`` applies to the collectives that offer it (NCCL_ALGO's rule)."""
     offered = {"all_reduce": ("ring", "tree", "halving_doubling", "bidirectional_ring", "recursive_doubling",
@@ -505,30 +322,3 @@ def _offered(op: str, algorithm: str | None) -> str | None:
                "reduce_scatter": ("ring", "halving_doubling"), "all_gather": ("ring", "halving_doubling")}
     return algorithm if algorithm in offered.get(op, ()) else None
 
-
-def _ring(st: _Streams, op: Op, hop: float, compute) -> None:
-    """Ring attention (``md.parallel.context.context_parallel.RingAttention``) on one rank of a symmetric ring: each
-    step posts the K/V block to the successor and takes the predecessor's (the same arrival time, by
-    symmetry), computes its blocks meanwhile, then waits. The backward also passes each block's gradient
-    accumulator on after every step, behind the K/V message on the same link, and receives its own home."""
-    name = "attention.block" + (".backward" if op.name.endswith("backward") else "")
-
-    def blocks(step) -> None:
-        for flops, nbytes in step:
-            compute(st, name, flops, nbytes)
-
-    p = len(op.steps)
-    if not op.name.endswith("backward"):
-        for t, step in enumerate(op.steps):
-            arrival = st.send(("cp", 1), hop) if t < p - 1 else None
-            blocks(step)
-            if arrival is not None:
-                st.wait(arrival, "cp")
-        return
-    acc = None  # arrival of the accumulator sent at the previous step
-    for t, step in enumerate(op.steps):
-        ends = [st.send(("cp", 1), hop)] if t < p - 1 else []
-        blocks(step)
-        st.wait(max(ends + ([acc] if acc is not None else []) + [st.compute]), "cp")
-        acc = st.send(("cp", 1), hop)
-    st.wait(acc, "cp")

@@ -2,8 +2,9 @@
 
 Property: a kernel cannot beat its slowest resource, and a real one also pays for being a kernel. The ideal device
 charges ``max(flops / peak, bytes / hbm_bw)`` per op, nothing else. The measured device splits each op into the
-kernels an eager framework launches for it (a matrix product's backward is two products; attention written out is
-two batched products, a scale, a mask and a softmax forward, seven kernels backward) and prices each kernel as
+kernels an eager framework launches for it (``eager_kernels.py``: a matrix product's backward is two products;
+attention written out is two batched products, a scale, a mask and a softmax forward, seven kernels backward) and
+prices each kernel as
 
     on the GPU:  launch + max(flops / (eff_flops peak), bytes / (eff_bytes hbm_bw))
     on the host: host[kind], the CPU time to issue it (Python, the dispatcher, the launch call)
@@ -40,6 +41,13 @@ from pathlib import Path
 
 import numpy as np
 
+# the kernels an op becomes (re-exported: callers and lab 21 read them here)
+from minidist.hardware.eager_kernels import (  # noqa: F401
+    OPTIMIZER_KERNELS,
+    ROW_IN_REGISTERS,
+    TRANSCENDENTAL,
+    split,
+)
 from minidist.hardware.specs import FORMAT_OF
 from minidist.hardware.specs import gpu as gpu_named
 
@@ -48,20 +56,6 @@ VECTOR_KINDS = ("activation", "norm", "softmax")  # priced by their FLOPs on the
 DATA = Path(__file__).with_name("data") / "h200_eager.json"
 # fit_kernels(load_measurements(DATA)), stored (python -m minidist device --refit)
 FIT = DATA.with_name("h200_eager_fit.json")
-TRANSCENDENTAL = 4  # FLOPs the autograd charges for exp, tanh, erf, log (autograd/ops.py)
-
-# the kind of kernel each op the autograd charges becomes; anything not listed is elementwise
-_KIND = {"matmul": "gemm", "matmul.backward": "gemm", "matmul.backward_input": "gemm",
-         "matmul.backward_weight": "gemm", "attention.block": "gemm", "attention.block.backward": "gemm",
-         "layer_norm": "norm", "layer_norm.backward": "norm", "rms_norm": "norm", "rms_norm.backward": "norm",
-         "softmax": "softmax", "softmax.backward": "softmax", "log_softmax": "softmax",
-         "log_softmax.backward": "softmax", "cross_entropy": "softmax", "cross_entropy.backward": "softmax",
-         "gelu": "activation", "gelu.backward": "activation", "silu": "activation", "silu.backward": "activation",
-         "exp": "activation", "log": "activation", "tanh": "activation", "pow": "activation"}
-# PyTorch's softmax keeps a row of up to this many elements in registers; a longer row is read again from memory
-ROW_IN_REGISTERS = 1024
-# PyTorch's foreach AdamW: eight multi-tensor kernels (weight decay, two moments, sqrt, divide, add eps, update)
-OPTIMIZER_KERNELS = 8
 # peak formats without a measured efficiency borrow the closest measured one
 _FORMAT = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "bf16", "fp8": "bf16"}
 
@@ -144,50 +138,6 @@ def peak_format(gpu, dtype_name: str) -> tuple[str, float]:
 
 
 ROOFLINE = KernelModel("roofline", ideal=True, source="the ideal device: max(flops / peak, bytes / hbm_bw)")
-
-
-def split(name: str, flops: float, nbytes: float, shape: tuple = ()) -> list[tuple[str, float, float, int]]:
-    """The kernels ``(kind, flops, bytes, length)`` eager PyTorch launches for one charged op. ``length`` is a
-    product's inner (summed) dimension or a softmax's row, 0 where unknown.
-
-    ``shape``: what the autograd reports beside the counts: ``(batch, m, k, n)`` for a matrix product (its
-    backward is as many products as it has FLOPs for: the input's gradient sums over n, the weight's over
-    batch x m), ``(batch_heads, tq, tk, d, dv)`` for attention, the input's shape for a softmax or a norm.
-    """
-    kind = _KIND.get(name) or "elementwise"
-    if kind == "gemm" and name.startswith("matmul") and len(shape) == 4:
-        b, m, k, n = shape
-        if name == "matmul":
-            return [("gemm", flops, nbytes, k)]
-        count = max(1, round(flops / (2 * b * m * k * n))) if flops else 1
-        inner = [n, b * m][:count] if name == "matmul.backward" else [n if name.endswith("input") else b * m]
-        return [("gemm", flops / count, nbytes / count, i) for i in inner]
-    if name.startswith("scaled_dot_product_attention") and len(shape) == 5:
-        return _attention(name.endswith("backward"), flops, nbytes, *shape)
-    if name == "optimizer.step":
-        return [("elementwise", flops / OPTIMIZER_KERNELS, nbytes / OPTIMIZER_KERNELS, 0)] * OPTIMIZER_KERNELS
-    if name.startswith("scaled_dot_product_attention"):
-        return [("gemm", flops, nbytes, 0)]  # no shape: priced as one fused kernel
-    return [(kind, flops, nbytes, shape[-1] if shape and kind == "softmax" else 0)]
-
-
-def _attention(backward: bool, flops: float, nbytes: float, bh: int, tq: int, tk: int, d: int, dv: int
-               ) -> list[tuple[str, float, float]]:
-    """Attention written out, as the autograd computes it: q scaled, ``q k^T``, the mask, softmax, ``P v``; the
-    backward the two products through ``v``, softmax's backward, the mask's, the two products through ``k``, the
-    scale's. Every score pass moves the (tq x tk) matrix of every head; ``e`` is read off the charged bytes."""
-    pairs = bh * tq * tk
-    q, k, v, o = bh * tq * d, bh * tk * d, bh * tk * dv, bh * tq * dv
-    if backward:
-        e = nbytes / (q + k + v + 4 * o + 2 * pairs)  # the charge: inputs, P twice, the gradients
-        return [("gemm", 2 * pairs * dv, e * (o + v + pairs), dv), ("gemm", 2 * pairs * dv, e * (pairs + o + v), tq),
-                ("softmax", 4 * pairs, 3 * e * pairs, tk), ("elementwise", pairs, 2 * e * pairs, 0),
-                ("gemm", 2 * pairs * d, e * (pairs + k + q), tk), ("gemm", 2 * pairs * d, e * (pairs + q + k), tq),
-                ("elementwise", q, 2 * e * q, 0)]
-    e = nbytes / (q + k + v + o)  # the charge: the inputs and the output
-    return [("elementwise", q, 2 * e * q, 0), ("gemm", 2 * pairs * d, e * (q + k + pairs), d),
-            ("elementwise", pairs, 2 * e * pairs, 0), ("softmax", (TRANSCENDENTAL + 3) * pairs, 2 * e * pairs, tk),
-            ("gemm", 2 * pairs * dv, e * (pairs + v + o), tk)]
 
 
 # -- measurements and the fit --------------------------------------------------------------------------------

@@ -50,16 +50,14 @@ from minidist.labs.expert_checks import (
     check_top_k_routing,
 )
 from minidist.labs.local_sgd_checks import check_expected_slowest, check_local_time_to_target, check_outer_round
+from minidist.labs.mesh_5d_checks import check_axes_between, check_place_axes, check_state_5d
 from minidist.labs.mesh_checks import (
-    check_axes_between,
     check_axis_bytes,
     check_axis_of,
     check_law_terms,
     check_mesh_groups,
-    check_place_axes,
     check_plan_3d,
     check_redistribute,
-    check_state_5d,
 )
 from minidist.labs.notebook import install as _install_notebook_errors
 from minidist.labs.overlap_checks import (

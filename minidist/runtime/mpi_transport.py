@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from minidist.runtime.errors import CommTimeoutError, MismatchError, PeerExitedError, misfit
+from minidist.runtime.mpi_requests import Incoming, NativeOp, NoBoard, RecvOp, SendOp
 from minidist.runtime.shm import HEADER, SIG_MAX
 from minidist.runtime.transport import oversubscribed, spin_seconds, unreceived, wire_signature
 
@@ -42,71 +43,6 @@ SPIN = 2e-3  # seconds a wait polls before napping (yielding the core at each lo
 NAP_MAX = 200e-6  # MPI moves a message (and a collective's schedule) only while it is polled
 LOOK = 0.05  # seconds between looks for a peer's FIN while a wait is stuck
 GRACE = 0.5  # seconds a wait goes on after its peer's FIN before blaming it: what the peer sent last may still land
-
-
-class _Send:
-    __slots__ = ("peer", "tag", "name", "reqs", "keep", "start", "end", "done", "error")
-
-    def __init__(self, peer, tag, name, reqs, keep, start, end):
-        self.peer, self.tag, self.name, self.reqs, self.keep = peer, tag, name, reqs, keep
-        self.start, self.end = start, end
-        self.done, self.error = False, None
-
-    def describe(self) -> str:
-        if self.tag >= 0:
-            return f"{self.name}(dst={self.peer}, tag={self.tag})"
-        return f"{self.name} (send to rank {self.peer})"
-
-
-class _Recv:
-    __slots__ = ("peer", "tag", "buf", "flat", "ufunc", "sig", "name", "post", "nbytes", "end", "done", "error")
-
-    def __init__(self, peer, tag, buf, ufunc, sig, name, post):
-        self.peer, self.tag, self.buf, self.ufunc = peer, tag, buf, ufunc
-        self.sig, self.name, self.post = sig, name, post
-        self.flat = buf.reshape(-1)
-        self.nbytes = buf.nbytes
-        self.end, self.done, self.error = 0.0, False, None
-
-    def describe(self) -> str:
-        if self.tag >= 0:
-            return f"{self.name}(src={self.peer}, tag={self.tag})"
-        return f"{self.name} (recv from rank {self.peer})"
-
-
-class _Incoming:
-    """A message whose header has arrived: its bytes are on their way into ``data`` (or the receive's buffer)."""
-
-    __slots__ = ("hdr", "sig", "data", "req", "target", "arrived")
-
-    def __init__(self, hdr, sig, data, req, target):
-        self.hdr, self.sig, self.data, self.req, self.target = hdr, sig, data, req, target
-        self.arrived = req is None
-
-
-class _NativeOp:
-    """A request of MPI's own collective, waited for like a message."""
-
-    __slots__ = ("req", "name", "finished", "end", "error")
-
-    def __init__(self, req, name):
-        self.req, self.name, self.finished, self.end, self.error = req, name, False, 0.0, None
-
-    @property
-    def done(self) -> bool:
-        if not self.finished:
-            self.finished = self.req.Test()
-        return self.finished
-
-    def describe(self) -> str:
-        return self.name
-
-
-class _NoBoard:
-    """The simulator's board has no MPI counterpart: a disagreement is raised by the rank that sees it."""
-
-    def abort(self, message: str, mismatch: bool = False) -> None:
-        pass
 
 
 class MPITransport:
@@ -124,13 +60,13 @@ class MPITransport:
         self.comm = comm.Dup()  # our messages never meet the user's own MPI calls
         self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
         self.clock, self.timeout = clock, timeout
-        self.board = _NoBoard()
+        self.board = NoBoard()
         self.coll = None
-        self.sends: list[_Send] = []
-        self.recv_q: dict[int, list[_Recv]] = {}  # posted receives whose message has not been seen
+        self.sends: list[SendOp] = []
+        self.recv_q: dict[int, list[RecvOp]] = {}  # posted receives whose message has not been seen
         self.hdr_req: dict[int, tuple] = {}  # src -> (request, buffer) of the next header from src
-        self.incoming: list[_Incoming] = []  # payloads on their way
-        self.stash: dict[int, list[_Incoming]] = {}  # messages nobody asked for yet, by sender
+        self.incoming: list[Incoming] = []  # payloads on their way
+        self.stash: dict[int, list[Incoming]] = {}  # messages nobody asked for yet, by sender
         self.failed: list = []
         self.finished_peers: dict[int, float] = {}  # peer -> when its FIN was seen
         self.fin_sends: list = []
@@ -142,7 +78,7 @@ class MPITransport:
 
     # -- posting ---------------------------------------------------------------------------
     def isend(self, arr: np.ndarray, dst: int, tag: int, ready: float, sig: bytes = b"", name: str = "send",
-              eager: bool = False) -> _Send:
+              eager: bool = False) -> SendOp:
         n = arr.nbytes
         start, end = self.clock.message(dst, n, ready)
         wsig = wire_signature(sig)
@@ -159,13 +95,13 @@ class MPITransport:
         reqs = [self.comm.Isend([hdr, len(hdr), _BYTE], dst, HDR_TAG)]
         if not inline:
             reqs.append(self.comm.Isend([payload, n, _BYTE], dst, DATA_TAG))
-        op = _Send(dst, tag, name, reqs, (hdr, payload), start, end)
+        op = SendOp(dst, tag, name, reqs, (hdr, payload), start, end)
         self.sends.append(op)
         return op
 
     def irecv(self, arr: np.ndarray, src: int, tag: int, ready: float, ufunc=None, sig: bytes = b"",
-              name: str = "recv", held: bool = False) -> _Recv:
-        op = _Recv(src, tag, arr, ufunc, sig, name, ready)
+              name: str = "recv", held: bool = False) -> RecvOp:
+        op = RecvOp(src, tag, arr, ufunc, sig, name, ready)
         st = self.stash.get(src)
         if st:
             for i, m in enumerate(st):
@@ -181,7 +117,7 @@ class MPITransport:
         return None  # no shortcut over MPI: the general path
 
     # -- matching ----------------------------------------------------------------------------
-    def _check(self, op: _Recv, hdr, sig: bytes) -> str | None:
+    def _check(self, op: RecvOp, hdr, sig: bytes) -> str | None:
         tag, nbytes, ndim = hdr[0], hdr[1], hdr[5]
         dtype = np.dtype(hdr[14].rstrip(b"\0").decode())
         if sig != op.sig and sig != wire_signature(op.sig):
@@ -195,7 +131,7 @@ class MPITransport:
                           (op.buf.shape, op.buf.dtype, op.nbytes))
         return None
 
-    def _match(self, op: _Recv, m: _Incoming) -> None:
+    def _match(self, op: RecvOp, m: Incoming) -> None:
         """A stashed message meets its receive."""
         problem = self._check(op, m.hdr, m.sig)
         if problem:
@@ -205,7 +141,7 @@ class MPITransport:
         else:
             m.target = op  # its bytes are still coming: delivered when they arrive
 
-    def _deliver(self, op: _Recv, hdr, data) -> None:
+    def _deliver(self, op: RecvOp, hdr, data) -> None:
         if data is not None and data.size:
             if op.ufunc is None:
                 op.flat.view(np.uint8)[:] = data
@@ -234,7 +170,7 @@ class MPITransport:
                 else:
                     self._deliver(op, hdr, data)
             else:
-                self.stash.setdefault(src, []).append(_Incoming(hdr, sig, data, None, None))
+                self.stash.setdefault(src, []).append(Incoming(hdr, sig, data, None, None))
             return
         discard = False
         if op is not None:
@@ -250,11 +186,11 @@ class MPITransport:
                 return
             elif op.ufunc is None:  # straight into the receive's buffer
                 req = self.comm.Irecv([op.flat.view(np.uint8), n, _BYTE], src, DATA_TAG)
-                self.incoming.append(_Incoming(hdr, sig, None, req, op))
+                self.incoming.append(Incoming(hdr, sig, None, req, op))
                 return
         data = np.empty(n, np.uint8)
         req = self.comm.Irecv([data, n, _BYTE], src, DATA_TAG) if n else None
-        m = _Incoming(hdr, sig, data, req, op)
+        m = Incoming(hdr, sig, data, req, op)
         if op is None and not discard:
             self.stash.setdefault(src, []).append(m)
         if req is not None:
@@ -356,7 +292,7 @@ class MPITransport:
             if seen is None and self.comm.Iprobe(source=peer, tag=FIN_TAG):
                 self.finished_peers[peer] = seen = now
             if seen is not None and now - seen >= GRACE:
-                way = "receive" if isinstance(op, _Send) else "send"
+                way = "receive" if isinstance(op, SendOp) else "send"
                 raise PeerExitedError(f"rank {self.rank} waits in {op.describe()} but rank {peer} has finished and "
                                       f"will never {way} it" + (unreceived(peer, op.tag) if way == "receive" else ""))
 
@@ -431,7 +367,7 @@ class MPITransport:
     def wait_native(self, req, name: str) -> None:
         """Wait for a request of MPI's own collective (``spin_native`` first), with the timeout of any wait."""
         if not self.spin_native(req):
-            self.wait([_NativeOp(req, name)], yielding=True)
+            self.wait([NativeOp(req, name)], yielding=True)
 
     def group_comm(self, ranks: tuple):
         """The MPI communicator of a process group (made by its members on first use, then kept)."""
