@@ -81,9 +81,21 @@ def test_an_op_splits_into_the_kernels_eager_pytorch_launches():
     # 4 heads of 6 queries and 6 keys, d = dv = 3, 2 bytes a number: q, k, v and the output are 72 numbers each
     fwd = K.split("scaled_dot_product_attention", 0, 2 * 4 * 72, (4, 6, 6, 3, 3))
     bwd = K.split("scaled_dot_product_attention.backward", 0, 2 * (3 * 72 + 4 * 72 + 2 * 144), (4, 6, 6, 3, 3))
-    assert [k for k, *_ in fwd] == ["elementwise", "gemm", "elementwise", "softmax", "gemm"]
-    assert [k for k, *_ in bwd].count("gemm") == 4 and len(bwd) == 7
-    assert fwd[3][2] == 2 * 2 * 4 * 36  # the softmax reads and writes every head's 6 x 6 scores, 2 bytes each
+    # copies of q, k^T and v into contiguous batches, the scale, q k^T, the mask (a clone, then masked_fill_),
+    # softmax, P v; backward the output gradient's copy, two products, softmax's, the mask's two, two products, scale
+    kinds = ["elementwise"] * 4 + ["gemm", "elementwise", "elementwise", "softmax", "gemm"]
+    assert [k for k, *_ in fwd] == kinds
+    assert [k for k, *_ in bwd].count("gemm") == 4 and len(bwd) == 9
+    assert fwd[7][2] == 2 * 2 * 4 * 36  # the softmax reads and writes every head's 6 x 6 scores, 2 bytes each
+    assert fwd[5][2] == fwd[6][2] == fwd[7][2]  # so do the clone and the fill
+    # AdamW's eight foreach kernels move 20 arrays where a fused update moves the 7 charged
+    assert sum(k[2] for k in K.split("optimizer.step", 0, 7.0)) == pytest.approx(20.0)
+    # the loss: log_softmax reads and writes the logits, nll_loss gathers a row's target; backward a zero-filled
+    # gradient, its scatter, log_softmax's backward (reads two matrices, writes one)
+    ce = K.split("cross_entropy", 0, 2 * 8 * 64, (8, 64))
+    assert [(k, b) for k, _, b, _ in ce] == [("softmax", 4 * 8 * 64), ("elementwise", 2 * 8)]
+    ce_bwd = K.split("cross_entropy.backward", 0, 2 * 2 * 8 * 64, (8, 64))
+    assert [k[2] for k in ce_bwd] == [2 * 512, 4 * 8, 6 * 512]
     assert K.split("reshape", 0, 0) == [("elementwise", 0, 0, 0)]
     m = K.measured_kernels()
     assert m.kernels("transpose", 0, 0, "fp32", 1.0, 1.0, 1.0) == []  # a view launches nothing
@@ -185,7 +197,8 @@ def test_the_planner_on_a_device_models_constants_predicts_that_device(kernels, 
     simulated = predict_train(cfg, ParallelConfig(), batch, cluster, dtype="float16")
     assert planned.step_time == pytest.approx(simulated.step_time, rel=0.15)
     if kernels == "measured":
-        assert 0.45 < eff.gemm < 0.8 and 150 < eff.overhead_bytes < 300
+        # (eager attention's clone and masked_fill of the scores each way count among the overhead's bytes)
+        assert 0.45 < eff.gemm < 0.8 and 150 < eff.overhead_bytes < 400
 
 
 def _two_products() -> tuple[float, float]:

@@ -3,8 +3,8 @@
 Property: a kernel cannot beat its slowest resource, and a real one also pays for being a kernel. The ideal device
 charges ``max(flops / peak, bytes / hbm_bw)`` per op, nothing else. The measured device splits each op into the
 kernels an eager framework launches for it (``eager_kernels.py``: a matrix product's backward is two products;
-attention written out is two batched products, a scale, a mask and a softmax forward, seven kernels backward) and
-prices each kernel as
+attention written out is two batched products, the scale, the mask (a clone and a fill), softmax and the heads'
+copies, nine kernels each way) and prices each kernel as
 
     on the GPU:  launch + max(flops / (eff_flops peak), bytes / (eff_bytes hbm_bw))
     on the host: host[kind], the CPU time to issue it (Python, the dispatcher, the launch call)
@@ -26,9 +26,10 @@ kernel and every measured GPT step, which the fit never sees. Other GPUs reuse t
 with their own peaks and bandwidth: an assumption, stated wherever the model is printed.
 
 What it leaves out, measured: a whole training step pays more host time per op than a loop of one kernel
-(autograd, modules, the optimizer's Python), and written-out attention in bf16 ran about twice as long as its
-kernels predict, so small and bf16 GPT steps come out 0.35-0.71 of their measured time (fp32 steps of width
-1024-2048 within 8%).
+(autograd, modules, the optimizer's Python), and written-out attention in bf16 ran about 1.5 times as long as its
+kernels predict, so small and bf16 GPT steps come out 0.39-0.80 of their measured time (fp32 steps of width
+1024-2048 within 3%); the measured step also took its loss in fp32 on bf16 logits, which the split, charging the
+loss at the logits' format, leaves out (about 2 ms of a bf16 step with a 32768-word vocabulary).
 """
 
 from __future__ import annotations
