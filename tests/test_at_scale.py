@@ -61,8 +61,8 @@ def test_an_estimator_model_becomes_the_gpt_it_describes():
     assert n == pytest.approx(405e9, rel=5e-3)
     gpt3 = gpt_config(model("gpt3_175b"), n_layers=2)
     assert (gpt3.mlp, gpt3.norm, gpt3.bias, gpt3.n_layers, gpt3.vocab_size) == ("gelu", "layernorm", True, 2, 51200)
-    with pytest.raises(ValueError, match="latent attention with decoupled rotary keys, dense layers among"):
-        gpt_config(model("deepseek_v3"))
+    ds = gpt_config(model("deepseek_v3"))  # its latent attention and 3 dense layers (tests/test_deepseek_shape.py)
+    assert (ds.kv_latent, ds.rope_dim, ds.dense_layers, ds.n_experts) == (512, 64, 3, 256)
     mixtral = gpt_config(model("mixtral_8x7b"))
     assert (mixtral.n_experts, mixtral.top_k, mixtral.d_ff, mixtral.expert_load) == (8, 2, 14336, "balanced")
 

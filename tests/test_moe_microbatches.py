@@ -24,9 +24,12 @@ TOL = 1e-12
 MOE = md.GPTConfig(vocab_size=48, seq_len=8, d_model=16, n_layers=4, n_heads=2, n_experts=4, top_k=2, d_ff=16,
                    capacity_factor=1.0, aux_loss_coef=0.1, z_loss_coef=0.01)
 NO_DROP = md.GPTConfig(**{**MOE.__dict__, "capacity_factor": None})  # context parallelism: no capacity dropping
-# DeepSeek-V3's shape in small: a shared expert, latent attention, auxiliary-loss-free balancing by routing biases
+# DeepSeek-V3's shape in small: a dense first layer, a shared expert, latent attention with a query latent, head
+# widths of their own and the decoupled key, auxiliary-loss-free balancing by routing biases
 DEEPSEEK = md.GPTConfig(**{**MOE.__dict__, "shared_expert": True, "kv_latent": 8, "moe_balance": "bias",
-                           "aux_loss_coef": 0.0, "bias_update": 0.05, "capacity_factor": None, "n_experts": 8})
+                           "aux_loss_coef": 0.0, "bias_update": 0.05, "capacity_factor": None, "n_experts": 8,
+                           "dense_layers": 1, "dense_d_ff": 24, "q_latent": 12, "qk_head_dim": 6, "v_head_dim": 4,
+                           "rope_dim": 2})
 SCHEDULES = {"1f1b": {}, "interleaved": {"schedule": "interleaved", "virtual_stages": 2},
              "zb-h1": {"schedule": "zb-h1"}, "dualpipev": {"schedule": "dualpipev"}}
 

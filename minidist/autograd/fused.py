@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from minidist.autograd import grad_mode as _gm
+from minidist.autograd.shape_only import ShapeArray
 from minidist.autograd.tensor import Tensor, _const, _new
 
 
@@ -49,9 +50,10 @@ def blockwise(kernel: Callable[..., None], *arrays: np.ndarray) -> None:
     """Call ``kernel(*pieces)`` on aligned blocks of same-shape arrays (the kernel writes its outputs in place).
 
     The blocks are slices of the flattened arrays, so all must be C-contiguous; otherwise (a
-    broadcast gradient, a transposed view) the kernel runs once on the whole arrays.
+    broadcast gradient, a transposed view) the kernel runs once on the whole arrays, as it does on
+    shape-only arrays (no values to keep in cache: blocks would only repeat the same bookkeeping).
     """
-    if not all(a.flags.c_contiguous for a in arrays):
+    if any(isinstance(a, ShapeArray) for a in arrays) or not all(a.flags.c_contiguous for a in arrays):
         kernel(*arrays)
         return
     flat = [a.reshape(-1) for a in arrays]

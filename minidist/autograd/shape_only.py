@@ -282,6 +282,8 @@ class ShapeArray(np.ndarray):
         return wrap(res)
 
     def __getitem__(self, idx):
+        if isinstance(idx, np.ndarray) and idx.dtype.kind in "iu" and self.ndim:  # rows gathered by an int array
+            return empty(idx.shape + self.shape[1:], self.dtype)
         if _advanced(idx):
             items = idx if isinstance(idx, tuple) else (idx,)
             items = tuple(np.zeros(np.shape(i), np.intp) if isinstance(i, ShapeArray) else i for i in items)

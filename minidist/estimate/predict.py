@@ -145,6 +145,8 @@ def check_supported(model, parallel) -> None:
         missing.append("sliding-window attention")
     if getattr(model, "kv_latent", None) is not None:
         missing.append("latent attention (kv_latent)")
+    if getattr(model, "dense_layers", 0) and model.n_experts:
+        missing.append("dense layers before the expert layers (dense_layers)")
     if missing:
         raise ValueError("predict_train: not modelled yet: " + ", ".join(missing))
 

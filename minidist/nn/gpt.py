@@ -43,7 +43,12 @@ class GPTConfig:
     ``window``: None is full causal attention; w lets query i attend to the w keys i - w < j <= i,
     itself included (sliding-window attention, Mistral's convention). ``kv_latent``: None is ordinary
     multi-head/grouped-query attention; c makes every layer multi-head latent attention with a
-    c-number key/value latent per token (DeepSeek-V2), which needs ``n_kv_heads == n_heads``."""
+    c-number key/value latent per token (DeepSeek-V2), which needs ``n_kv_heads == n_heads``; with it
+    ``q_latent``, ``qk_head_dim``, ``v_head_dim`` and ``rope_dim`` give DeepSeek-V3's query latent, head
+    widths and decoupled (here unrotated) key, as ``LatentSelfAttention`` describes.
+
+    ``dense_layers``: with ``n_experts``, the first ``dense_layers`` blocks keep a dense MLP of ``dense_d_ff``
+    (default ``d_ff``) and the rest are mixtures of experts (DeepSeek-V3: 3 dense of 61)."""
 
     vocab_size: int
     seq_len: int
@@ -70,9 +75,15 @@ class GPTConfig:
     # None: the router chooses; "balanced" or E fractions: tokens dealt to experts by plan (nn.moe.planned_experts),
     # the routing a run without values can do (md.parallel.Backend(shape_only=True))
     expert_load: str | tuple | None = None
+    dense_layers: int = 0  # with n_experts: the first dense_layers blocks keep a dense MLP (DeepSeek-V3: 3)
+    dense_d_ff: int | None = None  # their hidden width (default d_ff)
     # attention architecture (chapter 31a)
     window: int | None = None
     kv_latent: int | None = None
+    q_latent: int | None = None  # MLA's query latent (DeepSeek-V3: 1536)
+    qk_head_dim: int | None = None  # MLA's per-head query/key width (default d_model / n_heads; V3: 128)
+    v_head_dim: int | None = None  # MLA's per-head value width (default qk_head_dim; V3: 128)
+    rope_dim: int = 0  # MLA's decoupled key width (V3: 64), not rotated here (no RoPE in minidist)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads"):
@@ -82,7 +93,7 @@ class GPTConfig:
             self.n_kv_heads = self.n_heads
         if self.n_kv_heads < 1:
             raise ValueError(f"GPTConfig: n_kv_heads must be >= 1, got {self.n_kv_heads}")
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads and self.qk_head_dim is None:
             raise ValueError(f"GPTConfig: d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"GPTConfig: n_heads ({self.n_heads}) must be divisible by "
@@ -103,6 +114,16 @@ class GPTConfig:
         if self.moe_balance not in BALANCE:
             raise ValueError(f"GPTConfig: moe_balance must be one of {BALANCE}, got {self.moe_balance!r}")
         self.window = check_window(self.window, "GPTConfig")
+        if not 0 <= self.dense_layers <= (self.n_layers if self.n_experts else 0):
+            raise ValueError(f"GPTConfig: dense_layers must lie in [0, n_layers] and needs n_experts, got "
+                             f"dense_layers={self.dense_layers}, n_layers={self.n_layers}, n_experts={self.n_experts}")
+        if self.dense_d_ff is None:
+            self.dense_d_ff = self.d_ff
+        mla = {"q_latent": self.q_latent, "qk_head_dim": self.qk_head_dim, "v_head_dim": self.v_head_dim,
+               "rope_dim": self.rope_dim or None}
+        if self.kv_latent is None and any(v is not None for v in mla.values()):
+            raise ValueError(f"GPTConfig: {', '.join(k for k, v in mla.items() if v is not None)} shape latent "
+                             f"attention and need kv_latent")
         if self.kv_latent is not None:
             if isinstance(self.kv_latent, bool) or not isinstance(self.kv_latent, (int, np.integer)) \
                     or self.kv_latent < 1:
@@ -115,7 +136,15 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.qk_head_dim is None else self.qk_head_dim
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether block ``layer`` (0-based) holds a mixture of experts rather than a dense MLP."""
+        return bool(self.n_experts) and layer >= self.dense_layers
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.dense_layers if self.n_experts else 0
 
 
 def make_norm(config: GPTConfig) -> Module:
@@ -124,8 +153,12 @@ def make_norm(config: GPTConfig) -> Module:
     return LayerNorm(config.d_model, bias=config.bias, dtype=config.dtype)
 
 
-def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: float) -> Module:
-    """The feed-forward module of one block: the dense MLP, or a mixture of experts when n_experts > 0."""
+def make_ffn(config: GPTConfig, rng: np.random.Generator, std: float, out_std: float, layer: int = -1) -> Module:
+    """The feed-forward module of block ``layer``: the dense MLP (of ``dense_d_ff`` among the first
+    ``dense_layers``), or a mixture of experts when n_experts > 0 (``layer`` -1: an expert layer)."""
+    if 0 <= layer < config.dense_layers:
+        return MLP(config.d_model, config.dense_d_ff, config.mlp, config.bias, rng=rng, init_std=std,
+                   out_std=out_std, dtype=config.dtype)
     if config.n_experts:
         return MoE(config.d_model, config.d_ff, config.n_experts, config.top_k, config.capacity_factor, config.mlp,
                    config.bias, config.shared_expert, config.aux_loss_coef, config.z_loss_coef,
@@ -140,7 +173,9 @@ def make_attention(config: GPTConfig, rng: np.random.Generator, std: float, out_
     """The attention module of one block: latent attention when kv_latent is set, else grouped-query."""
     if config.kv_latent is not None:
         return LatentSelfAttention(config.d_model, config.n_heads, config.kv_latent, config.bias, rng=rng,
-                                   init_std=std, out_std=out_std, dtype=config.dtype, window=config.window)
+                                   init_std=std, out_std=out_std, dtype=config.dtype, window=config.window,
+                                   q_latent=config.q_latent, head_dim=config.qk_head_dim,
+                                   v_head_dim=config.v_head_dim, rope_dim=config.rope_dim)
     return CausalSelfAttention(config.d_model, config.n_heads, config.n_kv_heads, config.bias, rng=rng,
                                init_std=std, out_std=out_std, dtype=config.dtype, window=config.window)
 
@@ -149,13 +184,13 @@ class Block(Module):
     """Pre-norm residual block: ``x + drop(attn(ln1(x)))``, then ``x + drop(mlp(ln2(x)))``."""
 
     def __init__(self, config: GPTConfig, rng: np.random.Generator, dropout_rng: np.random.Generator | None = None,
-                 std: float = 0.02) -> None:
+                 std: float = 0.02, layer: int = -1) -> None:
         super().__init__()
         out_std = std / math.sqrt(2 * config.n_layers)
         self.ln1 = make_norm(config)
         self.attn = make_attention(config, rng, std, out_std)
         self.ln2 = make_norm(config)
-        self.mlp = make_ffn(config, rng, std, out_std)
+        self.mlp = make_ffn(config, rng, std, out_std, layer)
         self.drop = Dropout(config.dropout, dropout_rng)
 
     def forward(self, x, cache=None):
@@ -189,7 +224,7 @@ class GPT(Module):
         self.wte = Embedding(c.vocab_size, c.d_model, rng=rng, init_std=std, dtype=c.dtype)
         self.wpe = Embedding(c.seq_len, c.d_model, rng=rng, init_std=std, dtype=c.dtype)
         self.drop = Dropout(c.dropout, self.dropout_rng)
-        self.blocks = ModuleList(Block(c, rng, self.dropout_rng, std) for _ in range(c.n_layers))
+        self.blocks = ModuleList(Block(c, rng, self.dropout_rng, std, i) for i in range(c.n_layers))
         self.ln_f = make_norm(c)
         if c.tie_embeddings:
             self.lm_head = TiedHead(self.wte)

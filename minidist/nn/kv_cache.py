@@ -97,12 +97,14 @@ def kv_cache_bytes(config, batch: int, tokens: int, dtype_bytes: int) -> int:
     """Bytes a ``KVCache`` of ``config`` holds after ``tokens`` tokens of ``batch`` sequences (closed form).
 
     Per layer and token kept: 2 n_kv_heads head_dim numbers (K and V), or kv_latent numbers with
-    multi-head latent attention; a sliding window keeps min(tokens, window) tokens.
+    multi-head latent attention (plus rope_dim for its decoupled key); a sliding window keeps min(tokens, window)
+    tokens.
     """
     for name, v in (("batch", batch), ("tokens", tokens), ("dtype_bytes", dtype_bytes)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
             raise ValueError(f"kv_cache_bytes: {name} must be an int >= 0, got {v!r}")
     kv_latent = getattr(config, "kv_latent", None)
-    per_token = kv_latent if kv_latent is not None else 2 * config.n_kv_heads * config.head_dim
+    per_token = (kv_latent + getattr(config, "rope_dim", 0) if kv_latent is not None
+                 else 2 * config.n_kv_heads * config.head_dim)
     kept = tokens if config.window is None else min(tokens, config.window)
     return int(config.n_layers * batch * kept * per_token * dtype_bytes)

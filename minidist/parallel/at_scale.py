@@ -64,6 +64,9 @@ class ScaleStep:
 # a vocabulary that does not split over 8 tensor-parallel ranks is padded as Megatron-LM pads it, to a multiple of
 # 128 x tp (--make-vocab-size-divisible-by 128); 1024 covers every tp up to 8
 VOCAB_MULTIPLE = 1024
+# latent attention's widths not in md.estimate's models (DeepSeek-V3's config: q_lora_rank, qk_nope_head_dim,
+# v_head_dim), used wherever a model names an ``mla_latent``
+MLA_SHAPE = {"q_latent": 1536, "qk_head_dim": 128, "v_head_dim": 128}
 
 
 def gpt_config(model, n_layers: int | None = None) -> GPTConfig:
@@ -72,19 +75,23 @@ def gpt_config(model, n_layers: int | None = None) -> GPTConfig:
     Positions are learned (``seq_len x hidden`` more weights, 0.03% of 405B) where LLaMA rotates them, and a
     vocabulary that 8 ranks cannot split is padded to a multiple of ``VOCAB_MULTIPLE`` (GPT-3's 50,257 becomes
     51,200) as Megatron-LM does.
-    A mixture of experts (every layer, at most one shared expert) routes by a balanced plan, the routing a run
-    without values can take. ``n_layers`` cuts the stack (a quick look at a few layers)."""
+    A mixture of experts (at most one shared expert; the first ``layers - moe_layers`` layers dense, of ``ffn``)
+    routes by a balanced plan, the routing a run without values can take. Latent attention (``mla_latent``) takes
+    DeepSeek-V3's widths (``MLA_SHAPE``), its decoupled key unrotated. ``n_layers`` cuts the stack (a quick look
+    at a few layers; the dense layers stay first)."""
     experts = getattr(model, "experts", 1)
-    partial = experts > 1 and (model.moe_layers or model.layers) != model.layers
-    if getattr(model, "mla_latent", None) or partial or getattr(model, "shared_experts", 0) > 1:
-        raise ValueError(f"gpt_config: {model.name} uses latent attention with decoupled rotary keys, dense layers "
-                         f"among expert layers or several shared experts, which this GPT does not build")
+    if getattr(model, "shared_experts", 0) > 1:
+        raise ValueError(f"gpt_config: {model.name} has several shared experts, which this GPT does not build")
+    dense = model.layers - (model.moe_layers or model.layers) if experts > 1 else 0
     moe = dict(n_experts=experts, top_k=model.top_k, shared_expert=model.shared_experts == 1,
-               expert_load="balanced", d_ff=model.expert_ffn or model.ffn) if experts > 1 else {"d_ff": model.ffn}
+               expert_load="balanced", d_ff=model.expert_ffn or model.ffn, dense_layers=dense,
+               dense_d_ff=model.ffn) if experts > 1 else {"d_ff": model.ffn}
+    if getattr(model, "mla_latent", None):
+        moe.update(MLA_SHAPE, kv_latent=model.mla_latent, rope_dim=model.mla_rope or 0)
     gated = bool(model.gated)
     vocab = model.vocab if model.vocab % 8 == 0 else -(-model.vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     return GPTConfig(vocab_size=vocab, seq_len=model.seq_len, d_model=model.hidden,
-                     n_layers=model.layers if n_layers is None else n_layers, n_heads=model.heads,
+                     n_layers=model.layers if n_layers is None else max(n_layers, 1), n_heads=model.heads,
                      n_kv_heads=model.kv_heads, **moe, mlp="swiglu" if gated else "gelu",
                      norm="rmsnorm" if gated else "layernorm", bias=not gated, tie_embeddings=bool(model.tied))
 
@@ -97,14 +104,17 @@ def active_params(config: GPTConfig, num_params: int) -> int:
     per_expert = (3 if config.mlp == "swiglu" else 2) * config.d_model * config.d_ff
     if config.bias:
         per_expert += config.d_ff * (2 if config.mlp == "swiglu" else 1) + config.d_model
-    return num_params - config.n_layers * (config.n_experts - config.top_k) * per_expert
+    return num_params - config.n_moe_layers * (config.n_experts - config.top_k) * per_expert
 
 
 def model_flops_per_token(config: GPTConfig, num_params: int) -> tuple[float, float]:
     """(``6 N``, ``6 N + 12 s h L``): a token's training FLOPs without and with attention's score products, ``N``
-    the parameters it uses (``active_params``)."""
+    the parameters it uses (``active_params``); latent attention's heads count their own widths,
+    ``6 s L H (d_qk + d_v)`` (``12 s h L`` when they are ``h / H``)."""
     six_n = 6.0 * active_params(config, num_params)
-    return six_n, six_n + 12.0 * config.seq_len * config.d_model * config.n_layers
+    qk = config.head_dim + (config.rope_dim if config.kv_latent is not None else 0)
+    v = config.v_head_dim or config.head_dim
+    return six_n, six_n + 6.0 * config.seq_len * config.n_heads * (qk + v) * config.n_layers
 
 
 def simulate_step(model: GPTConfig, parallel: ParallelConfig, global_batch: int, *, cluster: Cluster | None = None,

@@ -49,7 +49,8 @@ def published_parallel(name: str, **overrides) -> tuple[ParallelConfig, int]:
     What the paper leaves open is set as Megatron-LM would run it: one sequence per micro-batch, sequence
     parallelism with TP, ZeRO-1 (Megatron-LM's distributed optimizer), every layer recomputed (what fits
     here: this autograd keeps more activations than Meta's kernels), 4 interleaved chunks per GPU (126 layers
-    leave 64 chunks of 2 layers or fewer); ``overrides`` change any of them."""
+    leave 64 chunks of 2 layers or fewer); with expert parallelism (DeepSeek-V3: ``ep`` 64 of the published
+    ``dp`` 128, so ``ParallelConfig.dp`` 2) DualPipeV, the published schedule; ``overrides`` change any of them."""
     m = model(name)
     pub = m.published_layout
     if not pub:
@@ -60,6 +61,8 @@ def published_parallel(name: str, **overrides) -> tuple[ParallelConfig, int]:
     fields = dict(tp=pub["tp"], pp=pub["pp"], dp=dp, cp=pub.get("cp", 1), microbatches=batch // dp,
                   sequence_parallel=pub["tp"] > 1, zero_stage=1, recompute="full", schedule="interleaved",
                   virtual_stages=4, bucket_bytes=2 * max(40e6, 1e6 * dp))
+    if pub.get("ep", 1) > 1:
+        fields.update(ep=pub["ep"], dp=dp // pub["ep"], schedule="dualpipev", virtual_stages=1)
     fields.update(overrides)
     if fields["pp"] == 1:
         fields.update(schedule="1f1b", virtual_stages=1)
