@@ -151,19 +151,25 @@ class MPITransport:
         op.end = arrival if arrival > op.post else op.post
         op.done = True
 
+    def _claim(self, src: int, tag: int):
+        """The first receive posted for ``src`` with ``tag``, taken off its queue (None if none is waiting)."""
+        q = self.recv_q.get(src, [])
+        op = next((o for o in q if o.tag == tag), None)
+        if op is not None:
+            q.remove(op)
+            if not q:
+                del self.recv_q[src]
+        return op
+
     def _header(self, src: int, buf: bytearray) -> None:
         hdr = HEADER.unpack_from(buf, 0)
         tag, n, siglen = hdr[0], hdr[1], hdr[15]
         sig = bytes(buf[HEADER.size : HEADER.size + siglen])
-        q = self.recv_q.get(src, [])
-        op = next((o for o in q if o.tag == tag), None)
+        op = self._claim(src, tag)
         if 0 < n <= INLINE:  # its bytes came with it
             at = HEADER.size + siglen
             data = np.frombuffer(buf, np.uint8, n, at)
             if op is not None:
-                q.remove(op)
-                if not q:
-                    del self.recv_q[src]
                 problem = self._check(op, hdr, sig)
                 if problem:
                     self._fail(op, problem)
@@ -174,9 +180,6 @@ class MPITransport:
             return
         discard = False
         if op is not None:
-            q.remove(op)
-            if not q:
-                del self.recv_q[src]
             problem = self._check(op, hdr, sig)
             if problem:
                 self._fail(op, problem)
